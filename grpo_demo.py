@@ -1,0 +1,422 @@
+"""GRPO on GSM8K: teach a chat model grade-school math with five rule rewards.
+
+    pip install -r requirements.txt
+    python grpo_demo.py                                   # Qwen2.5-1.5B-Instruct on GSM8K, logs to wandb
+    python grpo_demo.py --smoke                           # offline, on CPU: a tiny model, a few steps
+    python grpo_demo.py --dataset ../gsm8k --max_steps 50 # a local GSM8K copy, a short run
+    python grpo_demo.py --config my_recipe.yaml           # any GRPOConfig / ModelConfig field, as YAML
+
+Every setting below is a default: any GRPOConfig or ModelConfig field can be overridden on the command line
+(`--learning_rate 1e-6`) or in a YAML file (`--config`), command line winning.
+
+Where this recipe departs from the reference script it descends from, and why:
+1. Today's TRL has no `max_prompt_length`: prompts over 256 tokens are dropped in data prep, and counted.
+2. `per_device_train_batch_size` now counts completions, not prompts: 16 completions per device step is the
+   reference's one prompt x 16 generations, and 4 accumulation steps make 4 prompts per optimizer step.
+3. The rewards parse multi-line reasoning (the reference's regexes never crossed a newline), compare numbers
+   rather than strings (`1,080` == `1080`, `$18.00` == `18`) and never print.
+4. The model is placed by the trainer (no `.to("cuda")`), so `accelerate launch` puts each process on its own GPU.
+5. KL is off (`beta=0`, today's TRL default; the reference ran with 0.04): it saves the reference model's memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recipe constants: the block to edit. The command line and --config override any of them.
+
+# model
+MODEL_NAME = "Qwen/Qwen2.5-1.5B-Instruct"  # or "meta-llama/Llama-3.2-1B-Instruct": outputs/ and run name follow
+
+# answer format
+REASONING_TAG = "reasoning"  # "think" gives the R1-style <think>...</think> format, in prompt and rewards alike
+ANSWER_TAG = "answer"
+
+# data
+DATASET_NAME, DATASET_CONFIG = "openai/gsm8k", "main"
+MAX_PROMPT_TOKENS = 256  # GSM8K prompts are ~100-200 tokens: the few longer ones are outliers, dropped not cut
+
+# GRPO: the reference's hyperparameters on today's TRL (GRPOConfig fields)
+GRPO_DEFAULTS = dict(
+    learning_rate=5e-6,  # small: RL on an instruct model, not SFT; larger rates collapse the format quickly
+    adam_beta1=0.9,
+    adam_beta2=0.99,
+    weight_decay=0.1,
+    warmup_steps=0.1,  # a float below 1 is a ratio: 10 % warmup (transformers v5 removed warmup_ratio)
+    lr_scheduler_type="cosine",
+    logging_steps=1,
+    num_generations=16,  # the group GRPO normalises rewards within: more = lower-variance advantages
+    per_device_train_batch_size=16,  # counts completions now: one prompt's 16 generations per device step
+    gradient_accumulation_steps=4,  # 4 prompts x 16 completions = 64 per optimizer step, as the reference meant
+    max_completion_length=786,
+    temperature=0.9,  # the reference ran TRL 0.14's default; today's is 1.0
+    num_train_epochs=1,
+    save_steps=100,
+    max_grad_norm=0.1,  # tight clipping keeps single noisy groups from wrecking the policy
+    report_to=["wandb"],
+    log_on_each_node=False,
+    log_completions=True,  # the sample the reference printed, as a table in the console, wandb and outputs/
+    num_completions_to_print=2,
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The answer format and its parsing
+
+
+def _tag_block(tag: str, body: str) -> str:
+    return f"<{tag}>\n{body}\n</{tag}>\n"
+
+
+SYSTEM_PROMPT = "\nRespond in the following format:\n" + _tag_block(REASONING_TAG, "...") + _tag_block(ANSWER_TAG, "...")
+XML_COT_FORMAT = _tag_block(REASONING_TAG, "{reasoning}") + _tag_block(ANSWER_TAG, "{answer}")
+
+R_OPEN, R_CLOSE = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
+A_OPEN, A_CLOSE = f"<{ANSWER_TAG}>", f"</{ANSWER_TAG}>"
+
+# A number as people write it: thousands separators only in groups of three, an optional sign and decimals.
+NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+", re.ASCII)
+# An integer written the way GSM8K's gold answers are: 72, -3, 1,080.
+GSM8K_INT_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)", re.ASCII)
+BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+MAX_ANSWER_CHARS = 300  # an answer block is a number and perhaps a short sentence; longer is an essay, not an answer
+MAX_NUMBER_CHARS = 40  # far beyond any GSM8K answer; keeps arbitrary-precision parsing cheap
+
+
+def extract_xml_answer(text: str) -> str:
+    """The stripped content of the last complete <answer>...</answer> block; "" when there is none."""
+    close = text.rfind(A_CLOSE)
+    if close < 0:
+        return ""
+    start = text.rfind(A_OPEN, 0, close)
+    if start < 0:
+        return ""
+    return text[start + len(A_OPEN) : close].strip()
+
+
+def extract_hash_answer(text: str) -> str | None:
+    """The gold answer after GSM8K's `####`, canonical: sign kept, thousands separators dropped; None if absent."""
+    if "####" not in text:
+        return None
+    return text.split("####")[-1].strip().replace(",", "")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """`text` as an exact number when it is one (`1,080`, `-3`, `18.00`, `.5`), else None."""
+    text = str(text).strip()
+    if len(text) > MAX_NUMBER_CHARS or not NUMBER_RE.fullmatch(text):
+        return None
+    return Fraction(Decimal(text.replace(",", "")))
+
+
+def answer_number(answer: str) -> Fraction | None:
+    """The one number an answer block commits to, else None.
+
+    `\\boxed{...}` is looked into; currency signs, units and words around a single number are ignored
+    (`$1,080.00 in total.` is 1080). A block with no number, with two different ones (`18 or 20`,
+    `3 * 6 = 18`), or longer than MAX_ANSWER_CHARS commits to nothing.
+    """
+    if len(answer) > MAX_ANSWER_CHARS:
+        return None
+    boxed = BOXED_RE.findall(answer)
+    if boxed:
+        answer = boxed[-1]
+    numbers = {parse_number(n) for n in NUMBER_RE.findall(answer)}
+    return numbers.pop() if len(numbers) == 1 else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def load_gsm8k_split(split: str, dataset_dir: str | None = None):
+    """GSM8K rows (`question`, `answer`) from a local folder of `<split>.jsonl`, or from the Hub."""
+    from datasets import Dataset, load_dataset
+
+    if dataset_dir:
+        path = Path(dataset_dir) / f"{split}.jsonl"
+        if not path.is_file():
+            sys.exit(f"--dataset {dataset_dir}: no {path.name} there (expected GSM8K's train.jsonl / test.jsonl)")
+        with path.open(encoding="utf-8") as f:
+            return Dataset.from_list([json.loads(line) for line in f if line.strip()])
+    try:
+        return load_dataset(DATASET_NAME, DATASET_CONFIG, split=split)
+    except Exception as err:  # the Hub is unreachable or the data set is not cached
+        sys.exit(
+            f"Could not load {DATASET_NAME} ({type(err).__name__}: {str(err)[:200]}).\n"
+            "Offline? Use a local copy: --dataset DIR (a folder with train.jsonl and test.jsonl), "
+            "or try the whole recipe on generated problems: --smoke"
+        )
+
+
+def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None):
+    """GSM8K as system+user chat prompts with canonical gold answers: columns `prompt` and `answer`."""
+    data = load_gsm8k_split(split, dataset_dir)
+    data = data.map(lambda x: {"answer": extract_hash_answer(x["answer"]), "question": x["question"]})
+    unanswered = [i for i, a in enumerate(data["answer"]) if a is None]
+    if unanswered:
+        logger.warning("Dropped %d %s rows without a '####' answer (rows %s)", len(unanswered), split, unanswered[:20])
+        data = data.filter(lambda x: x["answer"] is not None)
+    return data.map(
+        lambda x: {
+            "prompt": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": x["question"]},
+            ]
+        }
+    )
+
+
+def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
+    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
+    lengths = [
+        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False))
+        for p in data["prompt"]
+    ]
+    long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
+    logger.info(
+        "Prompts: %d rows, %d-%d tokens; %d over %d tokens dropped%s",
+        len(lengths),
+        min(lengths, default=0),
+        max(lengths, default=0),
+        len(long_rows),
+        max_tokens,
+        f" (rows {long_rows[:20]})" if long_rows else "",
+    )
+    if not long_rows:
+        return data
+    keep = sorted(set(range(len(lengths))) - set(long_rows))
+    return data.select(keep)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rewards: pure functions of TRL's conversational completions, one float per completion, never raising.
+
+
+def completion_texts(completions) -> list[str]:
+    """The assistant text of each completion, conversational (`[[{"content": ...}]]`) or plain strings."""
+    return [c if isinstance(c, str) else (c[0].get("content") or "") if c else "" for c in completions]
+
+
+def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[float]:
+    """2.0 if the last answer block commits to the gold number, else 0.0.
+
+    Numbers are compared, not strings: `1,080`, `$1080`, `1080.00`, `\\boxed{1080}` and `1080 apples` all
+    equal gold `1080`. A number outside the answer block does not count.
+    """
+    extracted = [extract_xml_answer(t) for t in completion_texts(completions)]
+    if "log_extra" in kwargs:  # shown beside each completion in TRL's completions table
+        kwargs["log_extra"]("gold", list(answer))
+        kwargs["log_extra"]("extracted", extracted)
+    golds = {a: parse_number(a) for a in set(answer)}  # parse each gold once per group
+    return [
+        2.0 if golds[a] is not None and answer_number(r) == golds[a] else 0.0
+        for r, a in zip(extracted, answer, strict=True)
+    ]
+
+
+def int_reward_func(completions, **kwargs) -> list[float]:
+    """0.5 if the answer block is exactly an integer as GSM8K writes them (`72`, `-3`, `1,080`), else 0.0."""
+    return [0.5 if GSM8K_INT_RE.fullmatch(extract_xml_answer(t)) else 0.0 for t in completion_texts(completions)]
+
+
+def _is_strict(text: str) -> bool:
+    body = text[:-1] if text.endswith("\n") else text
+    if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
+        return False  # each tag once: no nested or repeated blocks
+    head, middle, tail = R_OPEN + "\n", f"\n{R_CLOSE}\n{A_OPEN}\n", "\n" + A_CLOSE
+    split = body.find(middle)
+    return (
+        body.startswith(head)
+        and body.endswith(tail)
+        and split >= len(head) - 1  # the reasoning may be empty, its newlines may not be shared
+        and split + len(middle) <= len(body) - len(tail) + 1
+    )
+
+
+def strict_format_reward_func(completions, **kwargs) -> list[float]:
+    """0.5 if the completion is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>` (one final
+    newline allowed, each tag once, nothing around it), else 0.0."""
+    return [0.5 if _is_strict(t) else 0.0 for t in completion_texts(completions)]
+
+
+def _is_soft(text: str) -> bool:
+    text = text.lstrip()
+    if not text.startswith(R_OPEN):
+        return False
+    close = text.find(R_CLOSE)
+    if close < 0:
+        return False
+    rest = text[close + len(R_CLOSE) :].lstrip()
+    return rest.startswith(A_OPEN) and rest.find(A_CLOSE, len(A_OPEN)) >= 0
+
+
+def soft_format_reward_func(completions, **kwargs) -> list[float]:
+    """0.5 if the completion opens with a reasoning block followed (whitespace between allowed) by an answer
+    block, line breaks anywhere inside, text after it allowed; else 0.0."""
+    return [0.5 if _is_soft(t) else 0.0 for t in completion_texts(completions)]
+
+
+def count_xml(text: str) -> float:
+    """The reference's tag-by-tag score: 0.125 for each of `<reasoning>\\n`, `\\n</reasoning>\\n`, `\\n<answer>\\n`
+    and `\\n</answer>` appearing exactly once, the two answer tags losing 0.001 per character after the closing
+    tag (a final newline is free), never below 0. From 0.0 to 0.5; a strictly formatted completion earns 0.5."""
+    close = "\n" + A_CLOSE
+    after = text.rsplit(close, 1)[1] if close in text else ""
+    penalty = 0.001 * (len(after) - after.startswith("\n"))
+    score = 0.0
+    if text.count(R_OPEN + "\n") == 1:
+        score += 0.125
+    if text.count(f"\n{R_CLOSE}\n") == 1:
+        score += 0.125
+    if text.count(f"\n{A_OPEN}\n") == 1:
+        score += max(0.0, 0.125 - penalty)
+    if text.count(close) == 1:
+        score += max(0.0, 0.125 - penalty)
+    return score
+
+
+def xmlcount_reward_func(completions, **kwargs) -> list[float]:
+    """`count_xml` of each completion: 0.0 to 0.5 (see there)."""
+    return [count_xml(t) for t in completion_texts(completions)]
+
+
+REWARD_FUNCS = [
+    xmlcount_reward_func,
+    soft_format_reward_func,
+    strict_format_reward_func,
+    int_reward_func,
+    correctness_reward_func,
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings: the constants above are the defaults; YAML (--config) overrides them, the command line overrides both.
+
+
+@dataclass
+class RecipeArguments:
+    dataset: str | None = field(
+        default=None, metadata={"help": "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k"}
+    )
+    max_prompt_tokens: int = field(default=MAX_PROMPT_TOKENS, metadata={"help": "Longer prompts are dropped"})
+    smoke: bool = field(
+        default=False, metadata={"help": "Offline CPU check: tiny generated model and problems, a few steps"}
+    )
+
+
+def run_names(model_name: str) -> dict:
+    """outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`."""
+    base = model_name.rstrip("/").split("/")[-1]
+    match = re.match(r"(Qwen|Llama)[\d.]*-([\d.]+B)", base, re.IGNORECASE)
+    short = f"{match[1]}-{match[2]}" if match else base
+    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
+
+
+def parse_settings(argv: list[str] | None = None):
+    """(RecipeArguments, GRPOConfig, ModelConfig) from the defaults, `--config` YAML and the command line."""
+    import torch
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    from grpo_kit.smoke import SMOKE_DEFAULTS
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = TrlParser((RecipeArguments, GRPOConfig, ModelConfig))
+    defaults = {**GRPO_DEFAULTS, "model_name_or_path": MODEL_NAME, "bf16": torch.cuda.is_available()}
+    parser.set_defaults_with_config(**defaults)
+    recipe_args, _, model_args = parser.parse_args_and_config(argv)  # a first pass: which preset, which model?
+    if recipe_args.smoke:
+        defaults.update(SMOKE_DEFAULTS)
+        parser.set_defaults_with_config(**defaults)
+        recipe_args, _, model_args = parser.parse_args_and_config(argv)
+    # The output folder and run name follow the model, wherever it was chosen (a preset may name its own).
+    parser.set_defaults_with_config(**{**run_names(model_args.model_name_or_path), **defaults})
+    return parser.parse_args_and_config(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model and logging
+
+
+def model_init_kwargs(model_args, training_args) -> dict:
+    """bf16 + flash-attention 2 on CUDA when flash-attn imports, else sdpa; fp32 on CPU. The trainer places it."""
+    import torch
+
+    attn = model_args.attn_implementation
+    if attn is None:
+        if not torch.cuda.is_available():
+            attn = "sdpa"
+        elif importlib.util.find_spec("flash_attn") is not None:
+            attn = "flash_attention_2"
+        else:
+            attn = "sdpa"
+            logger.warning("flash-attn is not installed: using sdpa attention (pip install -r requirements-gpu.txt)")
+    dtype = model_args.dtype or ("bfloat16" if training_args.bf16 else "float32")
+    return {"dtype": dtype, "attn_implementation": attn, "revision": model_args.model_revision}
+
+
+def load_tokenizer(model_args, training_args):
+    """The model's tokenizer, with a pad token; a short message instead of a traceback when it can't be had."""
+    from transformers import AutoTokenizer
+
+    name = model_args.model_name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+    except OSError as err:  # not on disk, not in the cache, and the Hub unreachable or gated
+        sys.exit(
+            f"Could not load the model {name!r} ({str(err).splitlines()[0][:200]}).\n"
+            "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
+            "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
+        )
+    if tokenizer.pad_token is None:  # Llama 3.2 ships none; padding is masked out anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trl import GRPOTrainer, get_peft_config
+
+    from grpo_kit import smoke, tracking
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    recipe_args, training_args, model_args = parse_settings(argv)
+    if recipe_args.smoke:  # build the tiny model and the generated problems the smoke defaults point at
+        smoke.prepare(model_args.model_name_or_path, recipe_args.dataset)
+    tracking.configure_wandb(training_args)
+
+    dataset = get_gsm8k_questions("train", recipe_args.dataset)
+    tokenizer = load_tokenizer(model_args, training_args)
+    dataset = drop_long_prompts(dataset, tokenizer, recipe_args.max_prompt_tokens)
+
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    trainer = GRPOTrainer(
+        model=model_args.model_name_or_path,
+        processing_class=tokenizer,
+        reward_funcs=REWARD_FUNCS,
+        args=training_args,
+        train_dataset=dataset,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json beside the final model: every logged metric, step by step
+    tracking.finish(trainer)
+    logger.info("Model saved to %s", training_args.output_dir)
+
+
+if __name__ == "__main__":
+    main()
