@@ -241,8 +241,8 @@ def _is_strict(text: str) -> bool:
     return (
         body.startswith(head)
         and body.endswith(tail)
-        and split >= len(head) - 1  # the reasoning may be empty, its newlines may not be shared
-        and split + len(middle) <= len(body) - len(tail) + 1
+        and split >= len(head)  # the reasoning may be empty, its newlines may not be shared
+        and split + len(middle) <= len(body) - len(tail)
     )
 
 
@@ -320,7 +320,7 @@ class RecipeArguments:
 def run_names(model_name: str) -> dict:
     """outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`."""
     base = model_name.rstrip("/").split("/")[-1]
-    match = re.match(r"(Qwen|Llama)[\d.]*-([\d.]+B)", base, re.IGNORECASE)
+    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
     short = f"{match[1]}-{match[2]}" if match else base
     return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
 
