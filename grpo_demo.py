@@ -24,11 +24,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import re
 import sys
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -80,7 +79,9 @@ def _tag_block(tag: str, body: str) -> str:
     return f"<{tag}>\n{body}\n</{tag}>\n"
 
 
-SYSTEM_PROMPT = "\nRespond in the following format:\n" + _tag_block(REASONING_TAG, "...") + _tag_block(ANSWER_TAG, "...")
+SYSTEM_PROMPT = (
+    "\nRespond in the following format:\n" + _tag_block(REASONING_TAG, "...") + _tag_block(ANSWER_TAG, "...")
+)
 XML_COT_FORMAT = _tag_block(REASONING_TAG, "{reasoning}") + _tag_block(ANSWER_TAG, "{answer}")
 
 R_OPEN, R_CLOSE = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
@@ -161,22 +162,37 @@ def load_gsm8k_split(split: str, dataset_dir: str | None = None):
         )
 
 
-def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None):
-    """GSM8K as system+user chat prompts with canonical gold answers: columns `prompt` and `answer`."""
+def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
+    """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`.
+
+    Rows with no `####` answer, an empty question or a gold answer that is not a number are counted, named and
+    dropped (or, with `strict`, stop the run): a row without a usable answer would only ever teach noise.
+    """
     data = load_gsm8k_split(split, dataset_dir)
-    data = data.map(lambda x: {"answer": extract_hash_answer(x["answer"]), "question": x["question"]})
-    unanswered = [i for i, a in enumerate(data["answer"]) if a is None]
-    if unanswered:
-        logger.warning("Dropped %d %s rows without a '####' answer (rows %s)", len(unanswered), split, unanswered[:20])
-        data = data.filter(lambda x: x["answer"] is not None)
-    return data.map(
-        lambda x: {
-            "prompt": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": x["question"]},
-            ]
-        }
-    )
+    bad: dict[str, list[int]] = {"no '####' answer": [], "an empty question": [], "a gold answer that is no number": []}
+    rows = []
+    for i, row in enumerate(data):
+        question, answer = (row.get("question") or "").strip(), extract_hash_answer(row.get("answer") or "")
+        if answer is None:
+            bad["no '####' answer"].append(i)
+        elif not question:
+            bad["an empty question"].append(i)
+        elif parse_number(answer) is None:
+            bad["a gold answer that is no number"].append(i)
+        else:
+            system_user = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+            rows.append({"question": question, "prompt": system_user, "answer": answer})
+    for reason, ids in bad.items():
+        if ids:
+            message = f"{len(ids)} {split} rows with {reason} (row ids {ids[:20]}{' ...' if len(ids) > 20 else ''})"
+            if strict:
+                sys.exit(f"Bad data: {message}. Fix the data, or drop such rows: --strict_data false")
+            logger.warning("Dropped %s", message)
+    if not rows:
+        sys.exit(f"No usable {split} rows in {dataset_dir or DATASET_NAME}: every row was dropped (see above)")
+    from datasets import Dataset
+
+    return Dataset.from_list(rows)
 
 
 def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
@@ -229,7 +245,8 @@ def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[floa
 
 def int_reward_func(completions, **kwargs) -> list[float]:
     """0.5 if the answer block is exactly an integer as GSM8K writes them (`72`, `-3`, `1,080`), else 0.0."""
-    return [0.5 if GSM8K_INT_RE.fullmatch(extract_xml_answer(t)) else 0.0 for t in completion_texts(completions)]
+    blocks = [extract_xml_answer(t) for t in completion_texts(completions)]
+    return [0.5 if len(b) <= MAX_ANSWER_CHARS and GSM8K_INT_RE.fullmatch(b) else 0.0 for b in blocks]
 
 
 def _is_strict(text: str) -> bool:
@@ -264,8 +281,8 @@ def _is_soft(text: str) -> bool:
 
 
 def soft_format_reward_func(completions, **kwargs) -> list[float]:
-    """0.5 if the completion opens with a reasoning block followed (whitespace between allowed) by an answer
-    block, line breaks anywhere inside, text after it allowed; else 0.0."""
+    """0.5 if the completion opens (after any whitespace) with a reasoning block followed, whitespace between
+    allowed, by an answer block; line breaks anywhere inside, text after it allowed; else 0.0."""
     return [0.5 if _is_soft(t) else 0.0 for t in completion_texts(completions)]
 
 
@@ -312,6 +329,9 @@ class RecipeArguments:
         default=None, metadata={"help": "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k"}
     )
     max_prompt_tokens: int = field(default=MAX_PROMPT_TOKENS, metadata={"help": "Longer prompts are dropped"})
+    strict_data: bool = field(
+        default=False, metadata={"help": "Stop on a bad data row instead of dropping it (and saying so)"}
+    )
     smoke: bool = field(
         default=False, metadata={"help": "Offline CPU check: tiny generated model and problems, a few steps"}
     )
@@ -326,24 +346,34 @@ def run_names(model_name: str) -> dict:
 
 
 def parse_settings(argv: list[str] | None = None):
-    """(RecipeArguments, GRPOConfig, ModelConfig) from the defaults, `--config` YAML and the command line."""
+    """(RecipeArguments, GRPOConfig, ModelConfig): constants < `--smoke` preset < YAML (`--config`) < command line.
+
+    Every setting that can be checked without the model is checked here, before anything is loaded or downloaded.
+    """
     import torch
     from trl import GRPOConfig, ModelConfig, TrlParser
 
-    from grpo_kit.smoke import SMOKE_DEFAULTS
+    from grpo_kit import checks, smoke
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, yaml_values = checks.read_config_flag(list(sys.argv[1:] if argv is None else argv))
     parser = TrlParser((RecipeArguments, GRPOConfig, ModelConfig))
+
+    def resolve(defaults: dict) -> dict:
+        unknown_yaml = parser.set_defaults_with_config(**{**defaults, **yaml_values})
+        namespace, unknown_cli = parser.parse_known_args(argv)
+        if unknown_yaml or unknown_cli:
+            sys.exit(f"Unknown settings: {unknown_yaml + unknown_cli} (python grpo_demo.py --help lists them)")
+        return vars(namespace)
+
     defaults = {**GRPO_DEFAULTS, "model_name_or_path": MODEL_NAME, "bf16": torch.cuda.is_available()}
-    parser.set_defaults_with_config(**defaults)
-    recipe_args, _, model_args = parser.parse_args_and_config(argv)  # a first pass: which preset, which model?
-    if recipe_args.smoke:
-        defaults.update(SMOKE_DEFAULTS)
-        parser.set_defaults_with_config(**defaults)
-        recipe_args, _, model_args = parser.parse_args_and_config(argv)
+    if resolve(defaults)["smoke"]:
+        defaults.update(smoke.SMOKE_DEFAULTS)
     # The output folder and run name follow the model, wherever it was chosen (a preset may name its own).
-    parser.set_defaults_with_config(**{**run_names(model_args.model_name_or_path), **defaults})
-    return parser.parse_args_and_config(argv)
+    defaults = {**run_names(resolve(defaults)["model_name_or_path"]), **defaults}
+    problems = checks.check_settings(resolve(defaults), len(REWARD_FUNCS), (REASONING_TAG, ANSWER_TAG))
+    if problems:
+        sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
+    return parser.parse_args_into_dataclasses(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -390,18 +420,21 @@ def load_tokenizer(model_args, training_args):
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config
 
-    from grpo_kit import smoke, tracking
+    from grpo_kit import checks, record, smoke, tracking
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    recipe_args, training_args, model_args = parse_settings(argv)
+    recipe_args, training_args, model_args = parse_settings(argv)  # checked before anything loads
+    resume = checks.resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     if recipe_args.smoke:  # build the tiny model and the generated problems the smoke defaults point at
-        smoke.prepare(model_args.model_name_or_path, recipe_args.dataset)
+        smoke.prepare(model_args.model_name_or_path, recipe_args.dataset, training_args.output_dir, resume)
     tracking.configure_wandb(training_args)
 
-    dataset = get_gsm8k_questions("train", recipe_args.dataset)
+    # 1. data: chat prompts with canonical answers, over-long prompts dropped
+    dataset = get_gsm8k_questions("train", recipe_args.dataset, strict=recipe_args.strict_data)
     tokenizer = load_tokenizer(model_args, training_args)
     dataset = drop_long_prompts(dataset, tokenizer, recipe_args.max_prompt_tokens)
 
+    # 2. trainer: the model is loaded by it, placed by it, one copy per process
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
@@ -411,7 +444,17 @@ def main(argv: list[str] | None = None) -> None:
         train_dataset=dataset,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    # 3. a record of the run, before it starts: settings, versions, commit, hardware, data fingerprint
+    if trainer.accelerator.is_main_process:
+        settings = {"recipe": recipe_args, "training": training_args, "model": model_args}
+        run = record.write_run_record(training_args.output_dir, settings, dataset, training_args.seed)
+        trainer.add_callback(record.link_to_wandb(run, training_args.output_dir))
+
+    # 4. train (from the last checkpoint when resuming), save, close the trackers
+    if resume:
+        logger.info("Resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json beside the final model: every logged metric, step by step
     tracking.finish(trainer)

@@ -7,8 +7,12 @@ as a real one (data prep, rewards, GRPOTrainer, checkpoints) without a GPU, a do
 from __future__ import annotations
 
 import json
+import logging
 import random
+import shutil
 from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
 
 ASSETS_DIR = "outputs/smoke-assets"
 MODEL_DIR = f"{ASSETS_DIR}/tiny-qwen2"
@@ -166,10 +170,14 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
     return Qwen2ForCausalLM(config)
 
 
-def prepare(model_dir: str, data_dir: str | None, seed: int = 0) -> None:
-    """Write the generated problems and the tiny model wherever the smoke defaults still point at them."""
+def prepare(model_dir: str, data_dir: str | None, output_dir: str, resume: str | None, seed: int = 0) -> None:
+    """Write the generated problems and the tiny model wherever the smoke defaults still point at them, and give
+    the preset's own output folder a fresh start unless the run resumes (other folders are never cleared)."""
     import grpo_demo
 
+    if output_dir == SMOKE_DEFAULTS["output_dir"] and not resume and Path(output_dir).exists():
+        logger.warning("--smoke starts afresh: replacing %s", output_dir)
+        shutil.rmtree(output_dir)
     rows = make_problems(256, seed)
     if data_dir == DATA_DIR:
         write_gsm8k_folder(data_dir, seed=seed)

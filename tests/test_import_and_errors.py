@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from conftest import ROOT, offline_env, run_recipe
+
 from grpo_kit.smoke import write_gsm8k_folder
 
 

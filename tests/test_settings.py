@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-import grpo_demo
 import pytest
 import torch
+
+import grpo_demo
 
 
 def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
@@ -39,11 +40,12 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
         ("Qwen/Qwen2.5-1.5B-Instruct", "outputs/Qwen-1.5B-GRPO", "Qwen-1.5B-GRPO-gsm8k"),
         ("meta-llama/Llama-3.2-1B-Instruct", "outputs/Llama-1B-GRPO", "Llama-1B-GRPO-gsm8k"),
         ("Qwen/Qwen2.5-0.5B-Instruct", "outputs/Qwen-0.5B-GRPO", "Qwen-0.5B-GRPO-gsm8k"),
-        ("/models/my-local-model/", "outputs/my-local-model-GRPO", "my-local-model-GRPO-gsm8k"),
+        ("{tmp}/my-local-model/", "outputs/my-local-model-GRPO", "my-local-model-GRPO-gsm8k"),
     ],
 )
-def test_output_folder_and_run_name_follow_the_model(model, output_dir, run_name):
-    _, args, _ = grpo_demo.parse_settings(["--model_name_or_path", model])
+def test_output_folder_and_run_name_follow_the_model(tmp_path, model, output_dir, run_name):
+    (tmp_path / "my-local-model").mkdir()
+    _, args, _ = grpo_demo.parse_settings(["--model_name_or_path", model.format(tmp=tmp_path)])
     assert (args.output_dir, args.run_name) == (output_dir, run_name)
 
 

@@ -1,0 +1,120 @@
+"""The run record: everything needed to tell later what a run was (settings, versions, code, hardware, data)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+RECORD_NAME = "run_record.json"
+PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "wandb", "flash-attn", "vllm")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that change results; None for one that is absent."""
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def recipe_commit() -> dict[str, str | bool | None]:
+    """The git commit of the recipe's own folder, and whether its tracked files were edited since."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(dirty) if commit else None}
+
+
+def hardware() -> dict:
+    import torch
+
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    return {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "cuda": torch.version.cuda,
+    }
+
+
+def data_fingerprint(dataset) -> str:
+    """sha256 over the training rows as the trainer sees them (prompt and gold answer), in order."""
+    digest = hashlib.sha256()
+    for prompt, answer in zip(dataset["prompt"], dataset["answer"], strict=True):
+        digest.update(json.dumps([prompt, answer], sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def write_run_record(output_dir: str, settings: dict, dataset, seed: int) -> dict:
+    """Write `<output_dir>/run_record.json` and return it."""
+    record = {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "recipe": recipe_commit(),
+        "seed": seed,
+        "versions": package_versions(),
+        "hardware": hardware(),
+        "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)},
+        "settings": {name: _plain(value) for name, value in settings.items()},
+    }
+    path = Path(output_dir) / RECORD_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    logger.info("Run record: %s (data sha256 %s…)", path, record["data"]["sha256"][:12])
+    return record
+
+
+def _plain(args) -> dict:
+    """A settings dataclass as JSON-ready values."""
+    if hasattr(args, "to_dict"):
+        return args.to_dict()
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+
+
+def link_to_wandb(record: dict, output_dir: str):
+    """A callback that puts the record's path, data fingerprint and commit into the wandb run config."""
+    from transformers import TrainerCallback
+
+    class RunRecordToWandb(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            try:
+                import wandb
+            except ImportError:
+                return
+            if wandb.run is not None:
+                wandb.run.config.update(
+                    {
+                        "run_record": str(Path(output_dir).resolve() / RECORD_NAME),
+                        "data_sha256": record["data"]["sha256"],
+                        "recipe_commit": record["recipe"]["commit"],
+                    },
+                    allow_val_change=True,
+                )
+
+    return RunRecordToWandb()

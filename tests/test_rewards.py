@@ -1,0 +1,506 @@
+"""The answer parsing and the five rewards, against the rules they promise.
+
+Tables of inputs, each with a comment saying why it earns what it earns, compared by exact equality
+(pytest.approx only where a penalty of 0.001 per character makes float arithmetic inexact); then properties
+over arbitrary text (never raising, always in range), a bound on time for 1 MB completions, no printing, and
+the `<think>` variant of the recipe, built by editing its one tag constant.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import types
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import grpo_demo
+from grpo_demo import (
+    MAX_ANSWER_CHARS,
+    REWARD_FUNCS,
+    answer_number,
+    correctness_reward_func,
+    extract_hash_answer,
+    extract_xml_answer,
+    int_reward_func,
+    parse_number,
+    soft_format_reward_func,
+    strict_format_reward_func,
+    xmlcount_reward_func,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 2**20
+
+
+def chat(text: str) -> list[dict]:
+    """One completion as TRL passes it in conversational mode."""
+    return [{"role": "assistant", "content": text}]
+
+
+def score(func, text: str, gold: str | None = "18") -> float:
+    """The reward of one completion, called the way GRPOTrainer calls it (extra kwargs included)."""
+    rewards = func(prompts=[[]], completions=[chat(text)], answer=[gold], completion_ids=[[0]], trainer_state=None)
+    assert isinstance(rewards, list) and len(rewards) == 1
+    return rewards[0]
+
+
+def formatted(answer: str, reasoning: str = "Some steps.", end: str = "\n") -> str:
+    """A completion in the exact format the prompt asks for."""
+    return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>{end}"
+
+
+GOOD = formatted("18")
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parsing
+
+EXTRACT_XML_ANSWER = [
+    ("<answer>\n18\n</answer>", "18"),  # the block's content, stripped
+    ("<answer>18</answer>", "18"),  # no newlines needed
+    (GOOD, "18"),  # a whole formatted completion
+    ("<answer> 3 apples\nand a pear </answer>", "3 apples\nand a pear"),  # inner line breaks kept
+    ("<answer>1</answer> then <answer>2</answer>", "2"),  # the last block wins
+    ("<answer>1</answer> then <answer>2", "1"),  # ... the last *complete* block
+    ("<answer><answer>5</answer>", "5"),  # nested open tags: the one nearest the close
+    ("<answer>\n18", ""),  # unclosed block
+    ("18</answer>", ""),  # a close without an open
+    ("</answer><answer>", ""),  # tags in the wrong order
+    ("The answer is 18.", ""),  # no block at all
+    ("", ""),  # empty completion
+    ("<ANSWER>18</ANSWER>", ""),  # tags are case-sensitive
+]
+
+
+@pytest.mark.parametrize("text, expected", EXTRACT_XML_ANSWER)
+def test_extract_xml_answer(text, expected):
+    assert extract_xml_answer(text) == expected
+
+
+EXTRACT_HASH_ANSWER = [
+    ("She makes 9 * 2 = <<9*2=18>>18 dollars.\n#### 18", "18"),  # a GSM8K gold answer
+    ("...\n#### 1,080", "1080"),  # thousands separators dropped
+    ("...\n#### 109,200,000", "109200000"),  # ... all of them
+    ("...\n#### -3", "-3"),  # the sign kept
+    ("...\n####  42 \n", "42"),  # surrounding whitespace stripped
+    ("a #### b\n#### 7", "7"),  # the text after the last marker
+    ("The answer is 18.", None),  # no marker: no gold answer
+    ("", None),  # empty text
+]
+
+
+@pytest.mark.parametrize("text, expected", EXTRACT_HASH_ANSWER)
+def test_extract_hash_answer(text, expected):
+    assert extract_hash_answer(text) == expected
+
+
+PARSE_NUMBER = [
+    ("18", Fraction(18)),  # an integer
+    ("-3", Fraction(-3)),  # a negative one
+    ("1,080", Fraction(1080)),  # thousands separator
+    ("109,200,000", Fraction(109200000)),  # several
+    ("18.00", Fraction(18)),  # trailing zeros are the same number
+    ("12,345.5", Fraction(24691, 2)),  # separators and decimals together
+    (".5", Fraction(1, 2)),  # no leading zero
+    ("-0.25", Fraction(-1, 4)),  # exact, not a float
+    (" 7\n", Fraction(7)),  # surrounding whitespace ignored
+    ("1" * 40, Fraction(int("1" * 40))),  # MAX_NUMBER_CHARS digits still parse
+    ("1" * 41, None),  # longer: refused, keeps arbitrary precision cheap
+    ("1,08", None),  # separators only in groups of three
+    ("1080,", None),  # a trailing separator
+    ("1.2.3", None),  # two decimal points
+    ("+5", None),  # GSM8K writes no plus sign
+    ("$18", None),  # a whole string must be a number: answer_number looks around it
+    ("18 apples", None),  # ditto
+    ("1e3", None),  # no exponents
+    ("nan", None),  # Decimal would take it; we do not
+    ("Infinity", None),  # ditto
+    ("١٨", None),  # Arabic-Indic digits: ASCII only
+    ("", None),  # nothing
+]
+
+
+@pytest.mark.parametrize("text, expected", PARSE_NUMBER)
+def test_parse_number(text, expected):
+    assert parse_number(text) == expected
+
+
+ANSWER_NUMBER = [
+    ("18", Fraction(18)),  # a bare number
+    ("$1,080.00 in total.", Fraction(1080)),  # currency, separator, zeros, words and period around one number
+    ("The answer is 18.", Fraction(18)),  # a short sentence
+    ("-3 degrees", Fraction(-3)),  # a negative number with a unit
+    ("50%", Fraction(50)),  # a percent sign is a unit
+    ("18 (that is, 18.0)", Fraction(18)),  # the same number twice is still one number
+    ("\\boxed{18}", Fraction(18)),  # boxed
+    ("\\boxed{20}, not 18", Fraction(20)),  # the boxed number is the commitment
+    ("\\boxed{}", None),  # an empty box commits to nothing
+    ("18 or 20", None),  # two different numbers
+    ("3 * 6 = 18", None),  # working, not an answer
+    ("eighteen", None),  # no number
+    ("", None),  # empty block
+    ("x" * (MAX_ANSWER_CHARS - 2) + "18", Fraction(18)),  # MAX_ANSWER_CHARS long: still an answer
+    ("x" * (MAX_ANSWER_CHARS - 1) + "18", None),  # longer: an essay, not an answer
+]
+
+
+@pytest.mark.parametrize("answer, expected", ANSWER_NUMBER)
+def test_answer_number(answer, expected):
+    assert answer_number(answer) == expected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The five rewards
+
+STRICT = [
+    (GOOD, 0.5),  # the exact format, final newline included
+    (formatted("18", end=""), 0.5),  # no final newline: the model stopped at its end-of-turn token
+    (formatted("18", reasoning="Step 1.\nStep 2.\n\nStep 3."), 0.5),  # multi-line reasoning
+    (formatted("18 or\n20"), 0.5),  # a multi-line answer: format only, correctness is another reward
+    (formatted("", reasoning=""), 0.5),  # empty reasoning and answer, each still on its own line
+    ("<reasoning>\n</reasoning>\n<answer>\n18\n</answer>\n", 0.0),  # one newline shared by the reasoning's tags
+    ("<reasoning>\nx\n</reasoning>\n<answer>\n</answer>\n", 0.0),  # one newline shared by the answer's tags
+    (GOOD + "\n", 0.0),  # two final newlines
+    (formatted("18", end="\r\n"), 0.0),  # a Windows line end is not the final newline
+    ("\n" + GOOD, 0.0),  # a leading newline
+    (" " + GOOD, 0.0),  # a leading space
+    ("Sure!\n" + GOOD, 0.0),  # text before
+    (GOOD + "Done.", 0.0),  # text after
+    ("<reasoning>x</reasoning>\n<answer>\n18\n</answer>\n", 0.0),  # reasoning not on its own lines
+    ("<reasoning>\nx\n</reasoning>\n<answer>18</answer>\n", 0.0),  # answer not on its own line
+    ("<reasoning>\nx\n</reasoning>\n\n<answer>\n18\n</answer>\n", 0.0),  # a blank line between blocks
+    ("<reasoning>\nx\n</reasoning><answer>\n18\n</answer>\n", 0.0),  # no newline between blocks
+    ("<reasoning>\nx\n</reasoning>\n<answer>\n18\n", 0.0),  # unclosed answer
+    ("<reasoning>\nx\n</reasoning>\n", 0.0),  # no answer block
+    ("<answer>\n18\n</answer>\n", 0.0),  # no reasoning block
+    ("<answer>\n18\n</answer>\n<reasoning>\nx\n</reasoning>\n", 0.0),  # blocks in the wrong order
+    (formatted("18", reasoning="a\n<reasoning>\nb"), 0.0),  # a nested reasoning tag
+    (formatted("18", reasoning="I will write </answer> last"), 0.0),  # a tag inside the reasoning
+    (formatted("1\n</answer>\n<answer>\n18"), 0.0),  # two answer blocks
+    (GOOD.replace("reasoning", "think"), 0.0),  # another reasoning tag
+    (GOOD.upper(), 0.0),  # tags are case-sensitive
+    ("", 0.0),  # empty completion
+]
+
+
+@pytest.mark.parametrize("text, expected", STRICT)
+def test_strict_format_reward(text, expected):
+    assert score(strict_format_reward_func, text) == expected
+
+
+SOFT = [
+    (GOOD, 0.5),  # the exact format
+    (formatted("18", end=""), 0.5),  # without the final newline
+    (formatted("18", reasoning="Step 1.\nStep 2.\n\nStep 3."), 0.5),  # multi-line reasoning
+    ("<reasoning>x</reasoning><answer>18</answer>", 0.5),  # one line, no whitespace needed
+    ("<reasoning>x</reasoning> \n\n\t <answer>18</answer>", 0.5),  # any whitespace between the blocks
+    ("<reasoning>x</reasoning>\n<answer></answer>", 0.5),  # an empty answer block is still a block
+    (GOOD + "\nHope this helps!", 0.5),  # text after the answer block is allowed
+    ("\n " + GOOD, 0.5),  # leading whitespace is tolerated
+    ("Sure! " + GOOD, 0.0),  # text before the reasoning block
+    ("<reasoning>x</reasoning>\nSo:\n<answer>18</answer>", 0.0),  # text between the blocks
+    ("<reasoning>a</reasoning>b</reasoning><answer>18</answer>", 0.0),  # text after the first closing tag
+    ("<reasoning>x\n<answer>18</answer>", 0.0),  # reasoning never closed
+    ("<reasoning>x</reasoning>\n<answer>18", 0.0),  # answer never closed
+    ("<reasoning>x<answer>18</answer></reasoning>", 0.0),  # the answer inside the reasoning
+    ("<reasoning>x</reasoning>", 0.0),  # no answer block
+    ("<answer>18</answer>", 0.0),  # no reasoning block
+    ("<answer>18</answer><reasoning>x</reasoning>", 0.0),  # blocks in the wrong order
+    (GOOD.replace("reasoning", "think"), 0.0),  # another reasoning tag
+    ("", 0.0),  # empty completion
+]
+
+
+@pytest.mark.parametrize("text, expected", SOFT)
+def test_soft_format_reward(text, expected):
+    assert score(soft_format_reward_func, text) == expected
+
+
+XMLCOUNT = [
+    (GOOD, 0.5),  # all four tags once, nothing after: the full 0.5
+    (formatted("18", end=""), 0.5),  # ... the final newline is optional
+    (formatted("18", reasoning="Step 1.\nStep 2."), 0.5),  # multi-line reasoning changes nothing
+    (GOOD + "abc", pytest.approx(0.25 + 2 * (0.125 - 0.003))),  # 3 characters after: -0.003 on each answer tag
+    (formatted("18", end="abc"), pytest.approx(0.25 + 2 * (0.125 - 0.003))),  # ... with or without the newline
+    (GOOD + "\n", pytest.approx(0.25 + 2 * (0.125 - 0.001))),  # only the first newline after is free
+    (GOOD + "x" * 200, 0.25),  # a long tail costs each answer tag all its 0.125, never below 0
+    ("<reasoning>\nx\n</reasoning>\n<answer>\n18", 0.375),  # unclosed answer: three tags, no tail to charge
+    ("<reasoning>\nx\n</reasoning>\n", 0.25),  # the reasoning block alone
+    ("<reasoning>\n", 0.125),  # the opening tag alone
+    ("<reasoning>\n" + GOOD, 0.375),  # the opening reasoning tag twice earns nothing for it
+    (formatted("18", end="</answer>"), pytest.approx(0.25 + 2 * (0.125 - 0.009))),  # a stray tag: 9 characters
+    (GOOD[:-1] + "\n</answer>\n", 0.375),  # `\n</answer>` twice: that tag earns nothing
+    ("<reasoning>x</reasoning><answer>18</answer>", 0.0),  # no tag has its newlines
+    (GOOD.replace("reasoning", "think"), 0.25),  # another reasoning tag: only the answer's tags count
+    ("", 0.0),  # empty completion
+]
+
+
+@pytest.mark.parametrize("text, expected", XMLCOUNT)
+def test_xmlcount_reward(text, expected):
+    assert score(xmlcount_reward_func, text) == expected
+
+
+INT = [
+    (formatted("72"), 0.5),  # an integer
+    (formatted("-3"), 0.5),  # negative, as some GSM8K gold answers are
+    (formatted("1,080"), 0.5),  # a thousands separator, as many GSM8K gold answers have
+    (formatted("109,200,000"), 0.5),  # several
+    (formatted("0"), 0.5),  # zero
+    (formatted("  72 "), 0.5),  # whitespace around it is stripped
+    ("<answer>72</answer>", 0.5),  # format is another reward's business
+    ("<answer>x</answer><answer>72</answer>", 0.5),  # the last block counts
+    ("<answer>72</answer><answer>x</answer>", 0.0),  # ... and only the last
+    (formatted("72.0"), 0.0),  # a decimal
+    (formatted("3.5"), 0.0),  # ditto
+    (formatted("seventy-two"), 0.0),  # words
+    (formatted("72 apples"), 0.0),  # a unit: not exactly an integer
+    (formatted("$72"), 0.0),  # a currency sign: ditto
+    (formatted("1,08"), 0.0),  # separators only in groups of three
+    (formatted("+72"), 0.0),  # GSM8K writes no plus sign
+    (formatted("- 3"), 0.0),  # nor a spaced minus
+    (formatted("٧٢"), 0.0),  # Arabic-Indic digits: str.isdigit() says yes, GSM8K never writes them
+    (formatted("²"), 0.0),  # a superscript: ditto
+    (formatted("72\n73"), 0.0),  # two lines
+    (formatted(""), 0.0),  # empty block
+    ("72", 0.0),  # no answer block
+    ("<answer>\n72", 0.0),  # unclosed answer block
+]
+
+
+@pytest.mark.parametrize("text, expected", INT)
+def test_int_reward(text, expected):
+    assert score(int_reward_func, text) == expected
+
+
+CORRECTNESS = [
+    (formatted("18"), "18", 2.0),  # the gold number
+    (formatted("1,080"), "1080", 2.0),  # thousands separator
+    (formatted("1080"), "1,080", 2.0),  # a gold answer left uncanonical is parsed too
+    (formatted("$18"), "18", 2.0),  # currency sign
+    (formatted("18."), "18", 2.0),  # trailing period
+    (formatted("18.00"), "18", 2.0),  # trailing zeros
+    (formatted("$1,080.00"), "1080", 2.0),  # all three
+    (formatted("\\boxed{18}"), "18", 2.0),  # boxed
+    (formatted("18 dollars"), "18", 2.0),  # a unit word
+    (formatted("She makes $18 every day."), "18", 2.0),  # a short sentence around one number
+    (formatted("18 (18 dollars)"), "18", 2.0),  # the same number twice
+    (formatted("-3"), "-3", 2.0),  # negative gold
+    (formatted("\\boxed{18} or 20"), "18", 2.0),  # the box decides
+    ("<answer>18</answer>", "18", 2.0),  # correctness does not judge the format
+    ("<answer>19</answer><answer>18</answer>", "18", 2.0),  # the last block counts
+    (formatted("19"), "18", 0.0),  # a different number
+    (formatted("3"), "-3", 0.0),  # the sign matters
+    (formatted("1.8"), "18", 0.0),  # a decimal point is not a separator
+    (formatted("180"), "18", 0.0),  # nor is an extra digit a zero
+    (formatted("18,0"), "18", 0.0),  # a bad separator splits it into two numbers
+    (formatted("eighteen"), "18", 0.0),  # no number
+    (formatted(""), "18", 0.0),  # empty block
+    (formatted("18 or 20"), "18", 0.0),  # two different numbers: no commitment
+    (formatted("3 * 6 = 18"), "18", 0.0),  # working, not an answer
+    (formatted("\\boxed{20}, not 18"), "18", 0.0),  # the box decides
+    (formatted("x" * MAX_ANSWER_CHARS + "18"), "18", 0.0),  # an essay, not an answer
+    (formatted("19", reasoning="3 * 6 = 18"), "18", 0.0),  # the gold number only in the reasoning
+    ("<answer>18</answer><answer>19</answer>", "18", 0.0),  # ... only in an earlier block
+    (GOOD[: -len("</answer>\n")], "18", 0.0),  # ... only in an unclosed block
+    ("The answer is 18.", "18", 0.0),  # ... only outside any block
+    (formatted("18"), "", 0.0),  # an empty gold answer pays nothing
+    (formatted("18"), None, 0.0),  # nor does a missing one
+]
+
+
+@pytest.mark.parametrize("text, gold, expected", CORRECTNESS)
+def test_correctness_reward(text, gold, expected):
+    assert score(correctness_reward_func, text, gold) == expected
+
+
+def test_rewards_take_a_batch_and_plain_strings():
+    texts = [GOOD, formatted("19"), "no format"]
+    batch = {"prompts": [[]] * 3, "answer": ["18"] * 3}
+    expected = [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [2.0, 0.0, 0.0]]
+    assert [f(completions=[chat(t) for t in texts], **batch) for f in REWARD_FUNCS] == expected
+    assert [f(completions=texts, **batch) for f in REWARD_FUNCS] == expected  # standard (non-chat) format
+
+
+def test_correctness_logs_gold_and_extracted_answer():
+    logged = {}
+    correctness_reward_func(
+        [[]], [chat(GOOD), chat("none")], ["18", "7"], log_extra=lambda key, values: logged.update({key: values})
+    )
+    assert logged == {"gold": ["18", "7"], "extracted": ["18", ""]}
+
+
+def test_each_reward_documents_its_values():
+    values = {
+        xmlcount_reward_func: ["0.0 to 0.5"],
+        soft_format_reward_func: ["0.5", "0.0"],
+        strict_format_reward_func: ["0.5", "0.0"],
+        int_reward_func: ["0.5", "0.0"],
+        correctness_reward_func: ["2.0", "0.0"],
+    }
+    assert list(values) == REWARD_FUNCS
+    for func, words in values.items():
+        assert all(word in func.__doc__ for word in words), func.__name__
+
+
+def test_rewards_print_nothing(capsys):
+    for text in [GOOD, formatted("19"), "", "<answer>", GOOD * 3]:
+        for func in REWARD_FUNCS:
+            score(func, text)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Properties over arbitrary text
+
+TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>", "<think>", "</think>"]
+LINES = ["<reasoning>\n", "\n</reasoning>\n", "\n<answer>\n", "\n</answer>", "\n</answer>\n"]  # xmlcount's units
+PIECES = [*TAGS, *LINES, "\n", " ", "\t", "18", "1,080", "-3", ".", ",", "$", "\\boxed{", "}", "<", "/", "é", "\x00"]
+RANGES = {  # each reward's documented values
+    xmlcount_reward_func: (0.0, 0.5),
+    soft_format_reward_func: {0.0, 0.5},
+    strict_format_reward_func: {0.0, 0.5},
+    int_reward_func: {0.0, 0.5},
+    correctness_reward_func: {0.0, 2.0},
+}
+
+tail = st.one_of(st.text(max_size=10), st.integers(0, 300).map("x".__mul__))  # > 125 chars: xmlcount penalty > 0.125
+tag_soup = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=3)), max_size=40).map("".join)
+any_text = st.one_of(
+    st.text(),  # arbitrary unicode
+    tag_soup,
+    st.builds(formatted, answer=tag_soup, reasoning=tag_soup, end=tail),  # formatted, with a tail or not
+    st.binary().map(lambda b: b.decode("utf-8", "surrogateescape")),  # binary junk, lone surrogates included
+)
+any_gold = st.one_of(st.integers(-(10**9), 10**9).map(str), st.integers(0, 10**9).map("{:,}".format), st.text())
+
+
+def in_range(func, value) -> bool:
+    allowed = RANGES[func]
+    if isinstance(allowed, set):
+        return value in allowed
+    return allowed[0] <= value <= allowed[1]
+
+
+@settings(max_examples=300)
+@given(texts=st.lists(any_text, min_size=1, max_size=4), gold=any_gold)
+def test_any_text_gets_a_finite_reward_in_range(texts, gold):
+    for func in REWARD_FUNCS:
+        rewards = func(prompts=[[]] * len(texts), completions=[chat(t) for t in texts], answer=[gold] * len(texts))
+        assert len(rewards) == len(texts)
+        for value in rewards:
+            assert type(value) is float and math.isfinite(value) and in_range(func, value), (func.__name__, value)
+
+
+no_tags = st.text(st.characters(exclude_characters="<"))  # cannot open or close a block
+no_digits = st.text(st.characters(exclude_characters="<0123456789"))
+
+
+@settings(max_examples=300)
+@given(
+    gold=st.integers(-(10**6), 10**9),
+    before=no_tags,
+    after=no_tags,
+    inside=no_digits,
+    earlier_block=st.booleans(),
+    comma=st.booleans(),
+)
+def test_gold_number_outside_the_answer_block_never_pays(gold, before, after, inside, earlier_block, comma):
+    written = f"{gold:,}" if comma else str(gold)
+    shown = f"<answer>{written}</answer>" if earlier_block else written  # in an earlier block or in plain text
+    text = f"{before}{shown}{before}<answer>{inside}</answer>{after}{written}"
+    assert score(correctness_reward_func, text, str(gold)) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bounded time on adversarial 1 MB completions
+
+HUGE = {
+    "digits": "1" * MB,
+    "digits in the answer block, then junk": "<answer>" + "1" * MB + "x</answer>",
+    "separated digits in the answer block": "<answer>" + "1,111" * (MB // 5) + ",1</answer>",
+    "repeated '1 '": "1 " * (MB // 2),
+    "repeated '1 ' in the answer block": "<answer>\n" + "1 " * (MB // 2) + "\n</answer>",
+    "repeated formatted completions": GOOD * (MB // len(GOOD)),
+    "repeated opening answer tags": "<answer>" * (MB // 8) + "</answer>",
+    "repeated closing answer tags": "\n</answer>" * (MB // 10),
+    "repeated reasoning blocks": "<reasoning></reasoning>" * (MB // 23),
+    "whitespace after an open tag": "<reasoning>" + " " * MB,
+    "huge format, no newlines": "<reasoning>" + "a" * MB + "</reasoning><answer>" + "1" * MB + "</answer>",
+    "huge strict format": formatted("1" * MB, reasoning="a" * MB),
+    "nested boxes": "<answer>" + "\\boxed{" * (MB // 7) + "</answer>",
+    "newlines": "\n" * MB,
+    "binary junk": bytes(range(256)).decode("latin-1") * (MB // 256),
+}
+
+
+@pytest.mark.parametrize("shape", list(HUGE))
+def test_a_1mb_completion_is_scored_fast(shape):
+    completions, gold = [chat(HUGE[shape])], ["1"]
+    for func in REWARD_FUNCS:
+        best = float("inf")
+        for _ in range(3):  # best of 3: a loaded CI machine adds noise, not cost
+            start = time.perf_counter()
+            func(prompts=[[]], completions=completions, answer=gold)
+            best = min(best, time.perf_counter() - start)
+        assert best < 0.050, f"{func.__name__} took {best * 1e3:.1f} ms on {shape}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tags are one constant: REASONING_TAG = "think" switches prompt, format and rewards together
+
+
+def load_recipe_with_reasoning_tag(tag: str) -> types.ModuleType:
+    """grpo_demo.py as a fresh module, its `REASONING_TAG = "reasoning"` line edited to `tag`."""
+    path = ROOT / "grpo_demo.py"
+    source = path.read_text(encoding="utf-8")
+    line = 'REASONING_TAG = "reasoning"'
+    assert source.count(line) == 1
+    name = f"grpo_demo_with_{tag}_tag"
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module  # dataclasses look their module up while the source runs
+    try:
+        exec(compile(source.replace(line, f'REASONING_TAG = "{tag}"'), str(path), "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+@pytest.fixture(scope="module")
+def think():
+    return load_recipe_with_reasoning_tag("think")
+
+
+THINK_GOOD = "<think>\nSome steps.\n</think>\n<answer>\n18\n</answer>\n"
+
+
+def test_think_tag_switches_the_prompt_and_format(think):
+    assert (
+        think.SYSTEM_PROMPT == "\nRespond in the following format:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
+    )
+    assert think.XML_COT_FORMAT.format(reasoning="Some steps.", answer="18") == THINK_GOOD
+    assert grpo_demo.XML_COT_FORMAT.format(reasoning="Some steps.", answer="18") == GOOD  # the original is untouched
+
+
+THINK_REWARDS = [  # (reward name, <think> completion's reward, <reasoning> completion's reward)
+    ("xmlcount_reward_func", 0.5, 0.25),  # the reasoning tags no longer count
+    ("soft_format_reward_func", 0.5, 0.0),  # a <reasoning> block is no longer the format
+    ("strict_format_reward_func", 0.5, 0.0),  # ditto
+    ("int_reward_func", 0.5, 0.5),  # reads only the answer block, whose tag is unchanged
+    ("correctness_reward_func", 2.0, 2.0),  # ditto
+]
+
+
+@pytest.mark.parametrize("name, think_reward, reasoning_reward", THINK_REWARDS)
+def test_think_tag_switches_every_reward(think, name, think_reward, reasoning_reward):
+    func = getattr(think, name)
+    assert func in think.REWARD_FUNCS
+    assert score(func, THINK_GOOD) == think_reward
+    assert score(func, GOOD) == reasoning_reward
