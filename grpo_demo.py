@@ -69,6 +69,13 @@ GRPO_DEFAULTS = dict(
     log_completions=True,  # the sample the reference printed, as a table in the console, wandb and outputs/
     num_completions_to_print=2,
 )
+# LoRA, used with --use_peft (add --load_in_4bit for QLoRA on CUDA): the reference's configuration
+LORA_DEFAULTS = dict(
+    lora_r=16,
+    lora_alpha=64,  # alpha/r = 4: a strong adapter update, as the reference had it
+    lora_dropout=0.05,
+    lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -365,7 +372,7 @@ def parse_settings(argv: list[str] | None = None):
             sys.exit(f"Unknown settings: {unknown_yaml + unknown_cli} (python grpo_demo.py --help lists them)")
         return vars(namespace)
 
-    defaults = {**GRPO_DEFAULTS, "model_name_or_path": MODEL_NAME, "bf16": torch.cuda.is_available()}
+    defaults = {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, "bf16": torch.cuda.is_available()}
     if resolve(defaults)["smoke"]:
         defaults.update(smoke.SMOKE_DEFAULTS)
     # The output folder and run name follow the model, wherever it was chosen (a preset may name its own).
@@ -418,7 +425,7 @@ def load_tokenizer(model_args, training_args):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from trl import GRPOTrainer, get_peft_config
+    from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
     from grpo_kit import checks, record, smoke, tracking
 
@@ -442,7 +449,8 @@ def main(argv: list[str] | None = None) -> None:
         reward_funcs=REWARD_FUNCS,
         args=training_args,
         train_dataset=dataset,
-        peft_config=get_peft_config(model_args),
+        peft_config=get_peft_config(model_args),  # None unless --use_peft
+        quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
 
     # 3. a record of the run, before it starts: settings, versions, commit, hardware, data fingerprint
