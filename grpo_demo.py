@@ -169,6 +169,11 @@ def load_gsm8k_split(split: str, dataset_dir: str | None = None):
         )
 
 
+def chat_prompt(question: str) -> list[dict]:
+    """The conversation the model answers: the format instructions as the system message, then the question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
     """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`.
 
@@ -187,8 +192,7 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
         elif parse_number(answer) is None:
             bad["a gold answer that is no number"].append(i)
         else:
-            system_user = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-            rows.append({"question": question, "prompt": system_user, "answer": answer})
+            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
     for reason, ids in bad.items():
         if ids:
             message = f"{len(ids)} {split} rows with {reason} (row ids {ids[:20]}{' ...' if len(ids) > 20 else ''})"
@@ -342,6 +346,24 @@ class RecipeArguments:
     smoke: bool = field(
         default=False, metadata={"help": "Offline CPU check: tiny generated model and problems, a few steps"}
     )
+    # GSM8K test accuracy: greedy, max_completion_length new tokens, scored strict (answer block) and lenient
+    eval_only: bool = field(
+        default=False,
+        metadata={"help": "Evaluate --model_name_or_path on the test split into <output_dir>/eval/ and exit"},
+    )
+    final_eval: bool = field(
+        default=True,
+        metadata={"help": "Evaluate the start model (unless eval/baseline exists) and the trained one, and compare"},
+    )
+    eval_every_steps: int = field(
+        default=50, metadata={"help": "Accuracy on eval_subset test questions every N steps, logged; 0: off"}
+    )
+    eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
+    eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
+    eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together in evaluation"})
+    ask: str | None = field(
+        default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
+    )
 
 
 def run_names(model_name: str) -> dict:
@@ -427,24 +449,46 @@ def load_tokenizer(model_args, training_args):
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import checks, record, smoke, tracking
+    from grpo_kit import checks, evaluate, record, smoke, tracking
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     recipe_args, training_args, model_args = parse_settings(argv)  # checked before anything loads
-    resume = checks.resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    if recipe_args.smoke:  # build the tiny model and the generated problems the smoke defaults point at
-        smoke.prepare(model_args.model_name_or_path, recipe_args.dataset, training_args.output_dir, resume)
-    tracking.configure_wandb(training_args)
+    out_dir, model_name = training_args.output_dir, model_args.model_name_or_path
+    resume = checks.resolve_resume(training_args.resume_from_checkpoint, out_dir)
+    trains = not (recipe_args.eval_only or recipe_args.ask)
+    if recipe_args.smoke:  # build the tiny model and the generated problems the preset points at
+        smoke.prepare(model_name, recipe_args.dataset, out_dir, fresh=trains and not resume)
+    if recipe_args.ask:  # the trained model answers a new question, sampled as a user would see it
+        print(evaluate.ask(model_name, recipe_args.ask, training_args.max_completion_length))
+        return
 
-    # 1. data: chat prompts with canonical answers, over-long prompts dropped
-    dataset = get_gsm8k_questions("train", recipe_args.dataset, strict=recipe_args.strict_data)
+    # 1. data: chat prompts with canonical answers, over-long prompts dropped; the test split for accuracy
+    measure = recipe_args.eval_only or recipe_args.final_eval or recipe_args.eval_every_steps > 0
+    test = get_gsm8k_questions("test", recipe_args.dataset, recipe_args.strict_data) if measure else None
+    train = (
+        None if recipe_args.eval_only else get_gsm8k_questions("train", recipe_args.dataset, recipe_args.strict_data)
+    )
     tokenizer = load_tokenizer(model_args, training_args)
-    dataset = drop_long_prompts(dataset, tokenizer, recipe_args.max_prompt_tokens)
+    evals = evaluate.Evaluator(
+        test,
+        tokenizer,
+        out_dir,
+        training_args.max_completion_length,
+        recipe_args.eval_batch_size,
+        recipe_args.eval_limit,
+    )
+    if recipe_args.eval_only:  # the start model is the baseline; a model in its own output folder is the final one
+        name = "final" if Path(model_name).resolve() == Path(out_dir).resolve() else "baseline"
+        evals.run(name, model_name, use_vllm=training_args.use_vllm)
+        evals.compare()
+        return
+    dataset = drop_long_prompts(train, tokenizer, recipe_args.max_prompt_tokens)
 
     # 2. trainer: the model is loaded by it, placed by it, one copy per process
+    tracking.configure_wandb(training_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     trainer = GRPOTrainer(
-        model=model_args.model_name_or_path,
+        model=model_name,
         processing_class=tokenizer,
         reward_funcs=REWARD_FUNCS,
         args=training_args,
@@ -452,21 +496,30 @@ def main(argv: list[str] | None = None) -> None:
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
+    main_process = trainer.accelerator.is_main_process
 
-    # 3. a record of the run, before it starts: settings, versions, commit, hardware, data fingerprint
-    if trainer.accelerator.is_main_process:
+    # 3. before training: a record of the run, and the start model's accuracy (only the main process writes or
+    # generates; the others wait for it at their first collective call)
+    if main_process:
         settings = {"recipe": recipe_args, "training": training_args, "model": model_args}
-        run = record.write_run_record(training_args.output_dir, settings, dataset, training_args.seed)
-        trainer.add_callback(record.link_to_wandb(run, training_args.output_dir))
+        run = record.write_run_record(out_dir, settings, dataset, training_args.seed)
+        trainer.add_callback(record.link_to_wandb(run, out_dir))
+        if recipe_args.final_eval and not evals.done("baseline"):
+            evals.run("baseline", model_name)
+    if recipe_args.eval_every_steps > 0:
+        trainer.add_callback(evals.callback(trainer, recipe_args.eval_every_steps, recipe_args.eval_subset))
 
-    # 4. train (from the last checkpoint when resuming), save, close the trackers
+    # 4. train (from the last checkpoint when resuming), save, measure the saved model, close the trackers
     if resume:
         logger.info("Resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(out_dir)
     trainer.save_state()  # trainer_state.json beside the final model: every logged metric, step by step
+    if recipe_args.final_eval and main_process:
+        evals.run("final", out_dir)
+        evals.compare()
     tracking.finish(trainer)
-    logger.info("Model saved to %s", training_args.output_dir)
+    logger.info("Model saved to %s", out_dir)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ SMOKE_DEFAULTS = dict(
     max_completion_length=48,
     save_steps=2,
     num_completions_to_print=1,
+    eval_every_steps=2,
+    eval_subset=8,
 )
 
 CHAT_TEMPLATE = (
@@ -170,12 +172,12 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
     return Qwen2ForCausalLM(config)
 
 
-def prepare(model_dir: str, data_dir: str | None, output_dir: str, resume: str | None, seed: int = 0) -> None:
-    """Write the generated problems and the tiny model wherever the smoke defaults still point at them, and give
-    the preset's own output folder a fresh start unless the run resumes (other folders are never cleared)."""
+def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
+    """Write the generated problems and the tiny model wherever the smoke defaults still point at them; with
+    `fresh`, clear the preset's own output folder first (no other folder is ever cleared)."""
     import grpo_demo
 
-    if output_dir == SMOKE_DEFAULTS["output_dir"] and not resume and Path(output_dir).exists():
+    if fresh and output_dir == SMOKE_DEFAULTS["output_dir"] and Path(output_dir).exists():
         logger.warning("--smoke starts afresh: replacing %s", output_dir)
         shutil.rmtree(output_dir)
     rows = make_problems(256, seed)

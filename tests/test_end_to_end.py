@@ -32,6 +32,14 @@ def test_smoke_run_trains_checkpoints_and_logs_to_wandb_offline(tmp_path):
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb")), "no offline wandb run files"
     assert "wandb sync" in result.stdout
 
+    # GSM8K-style accuracy: measured in training (steps 2 and 4), before and after, and compared.
+    accuracy_steps = [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e]
+    assert accuracy_steps == [2, 4]
+    comparison = json.loads((out / "eval" / "comparison.json").read_text())
+    assert comparison["baseline"]["n"] == comparison["final"]["n"] == 32
+    assert comparison["baseline"]["model"] == "outputs/smoke-assets/tiny-qwen2"
+    assert (out / "eval" / "final" / "completions.jsonl").read_text().count("\n") == 32
+
     base = load_file(tmp_path / "outputs" / "smoke-assets" / "tiny-qwen2" / "model.safetensors")
     trained = load_file(out / "model.safetensors")
     assert base.keys() == trained.keys()
@@ -49,3 +57,22 @@ def test_smoke_preset_as_documented_is_quick_and_leaves_a_run_folder(tmp_path):
     assert (run / "model.safetensors").is_file()
     assert (run / "checkpoint-4" / "trainer_state.json").is_file()
     assert not (run / "wandb").exists()  # the preset reports to no tracker unless asked
+
+
+def test_eval_only_and_ask_on_a_trained_run(tmp_path):
+    out = tmp_path / "outputs" / "smoke-GRPO"  # the preset's own folder, which a new --smoke training run clears
+    args = ["--smoke", "--max_steps", "2", "--eval_every_steps", "0", "--final_eval", "false"]
+    assert run_recipe(args, cwd=tmp_path).returncode == 0
+    assert not (out / "eval").exists()
+
+    evaluated = run_recipe(
+        ["--smoke", "--eval_only", "--model_name_or_path", str(out), "--eval_limit", "5"], cwd=tmp_path
+    )
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:]
+    summary = json.loads((out / "eval" / "final" / "summary.json").read_text())
+    assert summary["n"] == 5 and summary["model"] == str(out)
+    assert "| accuracy, strict (answer block) |" in evaluated.stdout
+
+    asked = run_recipe(["--smoke", "--model_name_or_path", str(out), "--ask", "Ava has 3 apples."], cwd=tmp_path)
+    assert asked.returncode == 0, asked.stdout[-3000:]
+    assert (out / "model.safetensors").is_file() and (out / "eval" / "final").is_dir()  # asking clears nothing
