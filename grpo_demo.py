@@ -45,11 +45,11 @@ ANSWER_TAG = "answer"
 
 # data
 DATASET_NAME, DATASET_CONFIG = "openai/gsm8k", "main"
-MAX_PROMPT_TOKENS = 256  # GSM8K prompts are ~100-200 tokens: the few longer ones are outliers, dropped not cut
+MAX_PROMPT_TOKENS = 256  # nearly every GSM8K prompt fits; longer ones are dropped, not cut (unanswerable then)
 
 # GRPO: the reference's hyperparameters on today's TRL (GRPOConfig fields)
 GRPO_DEFAULTS = dict(
-    learning_rate=5e-6,  # small: RL on an instruct model, not SFT; larger rates collapse the format quickly
+    learning_rate=5e-6,  # small: RL nudges an instruct model that can already solve many problems
     adam_beta1=0.9,
     adam_beta2=0.99,
     weight_decay=0.1,
