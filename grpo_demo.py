@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -57,8 +58,13 @@ GRPO_DEFAULTS = dict(
     lr_scheduler_type="cosine",
     logging_steps=1,
     num_generations=16,  # the group GRPO normalises rewards within: more = lower-variance advantages
-    per_device_train_batch_size=16,  # counts completions now: one prompt's 16 generations per device step
-    gradient_accumulation_steps=4,  # 4 prompts x 16 completions = 64 per optimizer step, as the reference meant
+    # Per optimizer step with N processes: completions = per_device_train_batch_size (16) x
+    # gradient_accumulation_steps (4) x N = 64 N; prompts = completions / num_generations = 4 N. Every process
+    # generates for and scores its own prompts; rewards are gathered before advantages, so a group may span GPUs.
+    # For the reference's 4 prompts per step on N GPUs, divide gradient_accumulation_steps by N (2 GPUs: 2,
+    # 4 GPUs: 1), then per_device_train_batch_size (8 GPUs: 8). The total must divide by num_generations (checked).
+    per_device_train_batch_size=16,  # completions per device per micro-step: one prompt's 16 generations
+    gradient_accumulation_steps=4,  # micro-steps per optimizer step: 4 prompts x 16 = 64 completions on one GPU
     max_completion_length=786,
     temperature=0.9,  # the reference ran TRL 0.14's default; today's is 1.0
     num_train_epochs=1,
@@ -394,7 +400,15 @@ def parse_settings(argv: list[str] | None = None):
             sys.exit(f"Unknown settings: {unknown_yaml + unknown_cli} (python grpo_demo.py --help lists them)")
         return vars(namespace)
 
-    defaults = {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, "bf16": torch.cuda.is_available()}
+    cuda = torch.cuda.is_available()
+    defaults = {
+        **GRPO_DEFAULTS,
+        **LORA_DEFAULTS,
+        "model_name_or_path": MODEL_NAME,
+        "bf16": cuda,
+        "dtype": "bfloat16" if cuda else "float32",  # ModelConfig's own default is float32 everywhere
+        "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
+    }
     if resolve(defaults)["smoke"]:
         defaults.update(smoke.SMOKE_DEFAULTS)
     # The output folder and run name follow the model, wherever it was chosen (a preset may name its own).
@@ -409,8 +423,9 @@ def parse_settings(argv: list[str] | None = None):
 # Model and logging
 
 
-def model_init_kwargs(model_args, training_args) -> dict:
-    """bf16 + flash-attention 2 on CUDA when flash-attn imports, else sdpa; fp32 on CPU. The trainer places it."""
+def model_init_kwargs(model_args) -> dict:
+    """The dtype (bf16 on CUDA, fp32 on CPU, by default) and flash-attention 2 on CUDA when flash-attn imports,
+    else sdpa. The trainer loads the model with these and places it."""
     import torch
 
     attn = model_args.attn_implementation
@@ -422,8 +437,7 @@ def model_init_kwargs(model_args, training_args) -> dict:
         else:
             attn = "sdpa"
             logger.warning("flash-attn is not installed: using sdpa attention (pip install -r requirements-gpu.txt)")
-    dtype = model_args.dtype or ("bfloat16" if training_args.bf16 else "float32")
-    return {"dtype": dtype, "attn_implementation": attn, "revision": model_args.model_revision}
+    return {"dtype": model_args.dtype, "attn_implementation": attn, "revision": model_args.model_revision}
 
 
 def load_tokenizer(model_args, training_args):
@@ -451,13 +465,19 @@ def main(argv: list[str] | None = None) -> None:
 
     from grpo_kit import checks, evaluate, record, smoke, tracking
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,  # other processes: warnings
+    )
     recipe_args, training_args, model_args = parse_settings(argv)  # checked before anything loads
     out_dir, model_name = training_args.output_dir, model_args.model_name_or_path
     resume = checks.resolve_resume(training_args.resume_from_checkpoint, out_dir)
     trains = not (recipe_args.eval_only or recipe_args.ask)
     if recipe_args.smoke:  # build the tiny model and the generated problems the preset points at
-        smoke.prepare(model_name, recipe_args.dataset, out_dir, fresh=trains and not resume)
+        # Under `accelerate launch` every process gets here: the first writes, the others wait, then all read.
+        with training_args.main_process_first(local=False, desc="smoke assets"):
+            if training_args.process_index == 0:
+                smoke.prepare(model_name, recipe_args.dataset, out_dir, fresh=trains and not resume)
     if recipe_args.ask:  # the trained model answers a new question, sampled as a user would see it
         print(evaluate.ask(model_name, recipe_args.ask, training_args.max_completion_length))
         return
@@ -486,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. trainer: the model is loaded by it, placed by it, one copy per process
     tracking.configure_wandb(training_args)
-    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    training_args.model_init_kwargs = model_init_kwargs(model_args)
     trainer = GRPOTrainer(
         model=model_name,
         processing_class=tokenizer,

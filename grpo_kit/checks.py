@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -13,6 +15,8 @@ from grpo_kit import smoke
 
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RESUME_LATEST = ("latest", "true", "True", "1")
+VLLM_RANGE = ("0.22.0", "0.31.0")  # the versions TRL 1.16 accepts (trl/import_utils.py, is_vllm_available)
+GPU_EXTRAS = "pip install -r requirements-gpu.txt"
 
 
 def read_config_flag(argv: list[str]) -> tuple[list[str], dict]:
@@ -106,9 +110,89 @@ def check_settings(values: dict, n_rewards: int, tags: tuple[str, str]) -> list[
     if resume and resume not in RESUME_LATEST and not Path(resume).is_dir():
         problems.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")
     found = checkpoints(output_dir)
-    if found and not resume and not (smoke_run and output_dir == smoke.SMOKE_DEFAULTS["output_dir"]):
+    trains = not (v["eval_only"] or v["ask"])
+    if found and trains and not resume and not (smoke_run and output_dir == smoke.SMOKE_DEFAULTS["output_dir"]):
         problems.append(
             f"output_dir={output_dir} already holds {found[-1].name}: resume it with --resume_from_checkpoint latest, "
             "or start a new run with another --output_dir"
         )
+    return problems + scale_problems(v)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of `package`, None when it is absent (found without importing it: cheap)."""
+    if importlib.util.find_spec(package.replace("-", "_")) is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def scale_problems(v: dict) -> list[str]:
+    """LoRA, QLoRA, vLLM and DeepSpeed settings that cannot work on this machine or together: one line each."""
+    from packaging.version import Version
+
+    problems = []
+    use_peft, zero_stage = v.get("use_peft"), os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if use_peft and v.get("lora_r") is not None and v["lora_r"] <= 0:
+        problems.append(f"lora_r={v['lora_r']}: the adapter's rank must be at least 1 (the recipe uses 16)")
+
+    bits = [name for name in ("load_in_4bit", "load_in_8bit") if v.get(name)]
+    if len(bits) == 2:
+        problems.append("load_in_4bit and load_in_8bit are both set: choose one (--load_in_4bit is QLoRA)")
+    for name in bits[:1]:
+        if not use_peft:
+            problems.append(
+                f"{name}: a quantized base model cannot be trained itself, only adapters on it: "
+                f"add --use_peft (QLoRA), or drop --{name} to train the full model"
+            )
+        if not cuda_available():
+            problems.append(
+                f"{name} needs a CUDA GPU (bitsandbytes' quantized kernels) and this machine has none: "
+                f"drop --{name} and train LoRA in full precision with --use_peft alone"
+            )
+        elif installed_version("bitsandbytes") is None:
+            problems.append(
+                f"{name} needs bitsandbytes, which is not installed: {GPU_EXTRAS} "
+                "(or drop it and train LoRA in full precision with --use_peft alone)"
+            )
+        if zero_stage == "3" and name == "load_in_8bit":
+            problems.append("load_in_8bit does not shard under DeepSpeed ZeRO-3: use --load_in_4bit, or ZeRO-2")
+        storage = v.get("bnb_4bit_quant_storage")
+        if zero_stage == "3" and name == "load_in_4bit" and storage not in ("bfloat16", "float16", "float32"):
+            problems.append(
+                "load_in_4bit under DeepSpeed ZeRO-3 packs the 4-bit weights in a float dtype so they can be "
+                "sharded: add --bnb_4bit_quant_storage bfloat16"
+            )
+
+    if v.get("use_vllm"):
+        version = installed_version("vllm")
+        low, high = VLLM_RANGE
+        if version is None:
+            problems.append(
+                f"use_vllm: vllm is not installed: {GPU_EXTRAS} (CUDA only), "
+                "or drop --use_vllm to generate with transformers"
+            )
+        elif not Version(low) <= Version(Version(version).base_version) <= Version(high):
+            problems.append(f"use_vllm: vllm {version} is installed, TRL 1.16 works with {low} to {high}: {GPU_EXTRAS}")
+        elif not cuda_available():
+            problems.append("use_vllm needs a CUDA GPU and this machine has none: drop --use_vllm")
+        if v.get("vllm_mode") not in ("colocate", "server"):
+            problems.append(
+                f"vllm_mode={v.get('vllm_mode')}: 'colocate' (vLLM inside each training process) or 'server' "
+                "(a separate `trl vllm-serve`)"
+            )
+        utilization = v.get("vllm_gpu_memory_utilization")
+        if v.get("vllm_mode") == "colocate" and utilization is not None and not 0 < utilization < 1:
+            problems.append(
+                f"vllm_gpu_memory_utilization={utilization}: the share of each GPU vLLM may take beside training, "
+                "between 0 and 1 (0.3 leaves the rest to the model, its gradients and the optimizer)"
+            )
     return problems

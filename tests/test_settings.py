@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,7 +75,8 @@ def test_an_explicit_output_dir_wins_over_the_model_name():
 def test_cpu_loads_fp32_sdpa(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, args, model_args = grpo_demo.parse_settings([])
-    kwargs = grpo_demo.model_init_kwargs(model_args, args)
+    assert (args.bf16, args.use_cpu) == (False, True)
+    kwargs = grpo_demo.model_init_kwargs(model_args)
     assert (kwargs["dtype"], kwargs["attn_implementation"]) == ("float32", "sdpa")
 
 
@@ -84,8 +84,15 @@ def test_cpu_loads_fp32_sdpa(monkeypatch):
 def test_cuda_loads_bf16_with_flash_attention_when_it_imports(monkeypatch, caplog, has_flash_attn, attention):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(grpo_demo.importlib.util, "find_spec", lambda name: object() if has_flash_attn else None)
-    model_args = SimpleNamespace(attn_implementation=None, dtype=None, model_revision=None)
+    # No GPU here for the trainer's own device set-up: keep it on the CPU, the model defaults follow "CUDA".
+    _, _, model_args = grpo_demo.parse_settings(["--bf16", "false", "--use_cpu", "true"])
+    assert model_args.dtype == "bfloat16"
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
-        kwargs = grpo_demo.model_init_kwargs(model_args, SimpleNamespace(bf16=torch.cuda.is_available()))
+        kwargs = grpo_demo.model_init_kwargs(model_args)
     assert (kwargs["dtype"], kwargs["attn_implementation"]) == ("bfloat16", attention)
     assert ("flash-attn is not installed" in caplog.text) == (not has_flash_attn)
+
+
+def test_an_explicit_dtype_wins():
+    _, _, model_args = grpo_demo.parse_settings(["--dtype", "float16"])
+    assert grpo_demo.model_init_kwargs(model_args)["dtype"] == "float16"
