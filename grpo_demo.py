@@ -266,7 +266,8 @@ def int_reward_func(completions, **kwargs) -> list[float]:
     return [0.5 if len(b) <= MAX_ANSWER_CHARS and GSM8K_INT_RE.fullmatch(b) else 0.0 for b in blocks]
 
 
-def _is_strict(text: str) -> bool:
+def is_strict_format(text: str) -> bool:
+    """Whether `text` is in the exact answer format (see `strict_format_reward_func`)."""
     body = text[:-1] if text.endswith("\n") else text
     if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
         return False  # each tag once: no nested or repeated blocks
@@ -283,10 +284,11 @@ def _is_strict(text: str) -> bool:
 def strict_format_reward_func(completions, **kwargs) -> list[float]:
     """0.5 if the completion is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>` (one final
     newline allowed, each tag once, nothing around it), else 0.0."""
-    return [0.5 if _is_strict(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_strict_format(t) else 0.0 for t in completion_texts(completions)]
 
 
-def _is_soft(text: str) -> bool:
+def is_soft_format(text: str) -> bool:
+    """Whether `text` opens with a reasoning block and then an answer block (see `soft_format_reward_func`)."""
     text = text.lstrip()
     if not text.startswith(R_OPEN):
         return False
@@ -300,7 +302,7 @@ def _is_soft(text: str) -> bool:
 def soft_format_reward_func(completions, **kwargs) -> list[float]:
     """0.5 if the completion opens (after any whitespace) with a reasoning block followed, whitespace between
     allowed, by an answer block; line breaks anywhere inside, text after it allowed; else 0.0."""
-    return [0.5 if _is_soft(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_soft_format(t) else 0.0 for t in completion_texts(completions)]
 
 
 def count_xml(text: str) -> float:

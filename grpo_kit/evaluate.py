@@ -67,8 +67,8 @@ def score(completion: str, gold: str) -> dict:
         "answer_lenient": number,
         "correct_strict": gradable and block is not None and grpo_demo.answer_number(block) == gold_number,
         "correct_lenient": gradable and number is not None and grpo_demo.parse_number(number) == gold_number,
-        "format_strict": grpo_demo._is_strict(completion),
-        "format_soft": grpo_demo._is_soft(completion),
+        "format_strict": grpo_demo.is_strict_format(completion),
+        "format_soft": grpo_demo.is_soft_format(completion),
     }
 
 
