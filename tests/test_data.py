@@ -32,22 +32,6 @@ def test_rows_become_system_then_user_prompts_with_canonical_answers(tmp_path):
     ]
 
 
-def test_rows_without_a_hash_answer_are_dropped_and_counted(tmp_path, caplog):
-    folder = _write_rows(
-        tmp_path / "gsm8k",
-        [
-            {"question": "Kept", "answer": "#### 3"},
-            {"question": "No answer", "answer": "It is three."},
-            {"question": "Also kept", "answer": "#### 4"},
-        ],
-    )
-    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
-        data = grpo_demo.get_gsm8k_questions("train", str(folder))
-    assert data["question"] == ["Kept", "Also kept"]
-    assert None not in data["answer"]
-    assert "Dropped 1 train rows without a '####' answer (rows [1])" in caplog.text
-
-
 def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
     folder = write_gsm8k_folder(tmp_path / "gsm8k", n_train=6, n_test=1)
     long_question = "How many apples are there " + "and more apples " * 200 + "?"
