@@ -65,6 +65,11 @@ def check_settings(values: dict, n_rewards: int, tags: tuple[str, str]) -> list[
     for name in ("gradient_accumulation_steps", "save_steps", "logging_steps"):
         if v[name] <= 0:
             problems.append(f"{name}={v[name]}: must be at least 1")
+    for name in ("eval_subset", "eval_batch_size", "eval_limit"):
+        if v[name] is not None and v[name] <= 0:
+            problems.append(f"{name}={v[name]}: must be at least 1")
+    if v["eval_every_steps"] < 0:
+        problems.append(f"eval_every_steps={v['eval_every_steps']}: 0 turns in-training accuracy off, N > 0 runs it")
     if v["learning_rate"] <= 0:
         problems.append(f"learning_rate={v['learning_rate']}: must be positive (the recipe uses 5e-6)")
 

@@ -102,6 +102,8 @@ def test_every_invalid_setting_is_named_in_seconds_before_any_model_loads(tmp_pa
         ),
         (["--generation_batch_size", "24"], "generation batch 24 completions"),
         (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0: must be at least 1"),
+        (["--eval_batch_size", "0"], "eval_batch_size=0: must be at least 1"),
+        (["--eval_every_steps", "-1"], "eval_every_steps=-1: 0 turns in-training accuracy off"),
         (["--resume_from_checkpoint", "nowhere/checkpoint-5"], "resume_from_checkpoint=nowhere/checkpoint-5: no such"),
         (["--no_such_setting", "3"], "Unknown settings: ['--no_such_setting', '3']"),
     ],
