@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_kit import smoke
+from grpo_kit import demo, smoke
 
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RESUME_LATEST = ("latest", "true", "True", "1")
@@ -102,12 +102,15 @@ def check_settings(values: dict, n_rewards: int, tags: tuple[str, str]) -> list[
     if reasoning == answer:
         problems.append(f"REASONING_TAG and ANSWER_TAG are both {reasoning!r}: they must differ")
 
-    smoke_run = v["smoke"]
-    generated = smoke_run and v["dataset"] == smoke.DATA_DIR  # written by the preset itself
+    if v["smoke"] and v.get("demo"):
+        problems.append("--smoke and --demo are two presets: choose one")
+    preset = smoke if v["smoke"] else demo if v.get("demo") else None
+    preset_output = {smoke: smoke.SMOKE_DEFAULTS, demo: demo.DEMO_DEFAULTS}.get(preset, {}).get("output_dir")
+    generated = preset is not None and v["dataset"] == preset.DATA_DIR  # written by the preset itself
     if v["dataset"] and not generated and not (Path(v["dataset"]) / "train.jsonl").is_file():
         problems.append(f"dataset={v['dataset']}: no train.jsonl there (a folder like GSM8K's, or leave it unset)")
     model = v["model_name_or_path"]
-    local = model.startswith((".", "/", "~")) and not (smoke_run and model == smoke.MODEL_DIR)
+    local = model.startswith((".", "/", "~")) and not (preset is not None and model == preset.MODEL_DIR)
     if local and not Path(model).expanduser().is_dir():
         problems.append(f"model_name_or_path={model}: no such folder (a local model folder or a Hub id)")
 
@@ -116,7 +119,7 @@ def check_settings(values: dict, n_rewards: int, tags: tuple[str, str]) -> list[
         problems.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")
     found = checkpoints(output_dir)
     trains = not (v["eval_only"] or v["ask"])
-    if found and trains and not resume and not (smoke_run and output_dir == smoke.SMOKE_DEFAULTS["output_dir"]):
+    if found and trains and not resume and output_dir != preset_output:
         problems.append(
             f"output_dir={output_dir} already holds {found[-1].name}: resume it with --resume_from_checkpoint latest, "
             "or start a new run with another --output_dir"

@@ -1,0 +1,236 @@
+"""The learning preset: a tiny model that knows the answer format but mostly gets the sums wrong, until GRPO.
+
+`python grpo_demo.py --demo` points the recipe at what `prepare` writes, then trains with the recipe's own GRPO and
+rewards, offline, in under two minutes on two CPU cores (103 s measured, 55 s of it the warm start):
+
+1. Problems: grade-school word problems, a two-digit number plus or minus a one-digit one, in GSM8K's format.
+   The held-out test split (256 problems) shares no sum (numbers and operation) with the training split.
+2. A tiny Qwen2 model (hidden size 128, 2 layers, 0.35 M parameters) and a tokenizer built here, then a short
+   supervised warm start (`warm_start`) on the training problems written in the answer format. Their solutions
+   come in two styles, as people's do: most give the result at once (`48 + 8 = 56`), some count on one by one
+   (`48 + 8, counting on: 49+7=50+6=...=56`). After the warm start the model has the format and answers at once,
+   and those sums are mostly wrong: greedy accuracy 7-16 % (seeds 0-4 and 42). Sampled at the training
+   temperature it sometimes counts, and its counting is mostly right.
+3. GRPO with the five rewards: counting earns the correctness reward far more often than answering at once, so
+   the model learns to count: greedy accuracy on the held-out problems reaches 69-93 % in 40 steps.
+
+Why a choice between two ways of answering rather than arithmetic alone: measured here, 100 GRPO steps on sums
+answered at once moved greedy accuracy by 2 points, since each of hundreds of sums is rewarded only when sampled
+right; how to answer is one decision shared by every problem, which GRPO learns in a few dozen steps, as it does
+at scale (longer, more careful reasoning, where that is what earns the reward).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+from grpo_kit import smoke
+
+logger = logging.getLogger("grpo_demo")
+
+ASSETS_DIR = "outputs/demo-assets"
+MODEL_DIR = f"{ASSETS_DIR}/warm-qwen2"
+DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"
+
+DEMO_DEFAULTS = dict(
+    model_name_or_path=MODEL_DIR,
+    dataset=DATA_DIR,
+    output_dir="outputs/demo-GRPO",
+    run_name="demo-GRPO-generated",
+    report_to=["none"],
+    bf16=False,
+    activation_checkpointing=False,  # nothing to save on a model this small
+    learning_rate=3e-4,  # a tiny model fresh from a warm start: 5e-6 would take thousands of steps
+    max_steps=40,
+    num_generations=8,
+    per_device_train_batch_size=64,  # 8 prompts x 8 generations per step
+    gradient_accumulation_steps=1,
+    max_completion_length=72,  # the longest solution (99 + 9, counting on) is 69 tokens with its end of turn
+    save_steps=20,
+    num_completions_to_print=1,
+    eval_every_steps=5,  # accuracy on eval_subset held-out problems every 5 steps, for the curves
+    eval_subset=64,
+)
+
+# The problems and the warm start (see the module docstring)
+N_TRAIN, N_TEST = 2000, 256
+COUNTING_SHARE = 0.3  # of warm-start solutions; the rest answer in one line
+HIDDEN_SIZE, NUM_LAYERS = 128, 2
+WARM_STEPS = 600  # about 50 s on one core: the format is learnt within 100 steps, counting by about 500
+WARM_LR, WARM_BATCH, WARM_WARMUP = 3e-3, 16, 50
+
+
+def solutions(a: int, b: int, op: str) -> tuple[str, str, int]:
+    """(one-line reasoning, counting reasoning, result) of `a op b` for op `+` or `-`.
+
+    Both start by restating the sum, so that copying the numbers is learnt from every solution; the next token
+    (` =` or `,`) is the choice between answering at once and counting one by one.
+
+    >>> solutions(48, 3, "+")
+    ('48 + 3 = 51', '48 + 3, counting on: 49+2=50+1=51', 51)
+    """
+    sign = 1 if op == "+" else -1
+    result = a + sign * b
+    steps = "".join(f"{a + sign * k}{op}{b - k}=" for k in range(1, b))
+    direction = "on" if op == "+" else "back"
+    return f"{a} {op} {b} = {result}", f"{a} {op} {b}, counting {direction}: {steps}{result}", result
+
+
+def _problem(rng: random.Random) -> tuple[tuple[int, int, str], str]:
+    """((a, b, op), question): a two-digit number and a one-digit one, added or subtracted."""
+    name, item = rng.choice(smoke.NAMES), rng.choice(smoke.ITEMS)
+    a, b = rng.randint(10, 99), rng.randint(1, 9)
+    if rng.random() < 0.5:
+        return (a, b, "+"), f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?"
+    return (a, b, "-"), f"{name} had {a} {item} and gave {b} of them away. How many {item} are left?"
+
+
+def make_problems(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, test) rows in GSM8K's format, {"question", "answer": "reasoning\\n#### N"}.
+
+    No test problem's (a, b, operation) appears in train: held-out accuracy measures sums the model never saw.
+    A `COUNTING_SHARE` of train solutions count, the others answer in one line; test solutions are one line.
+    """
+    rng = random.Random(seed)
+    held_out: set[tuple[int, int, str]] = set()
+    test, train = [], []
+    while len(test) < n_test:
+        key, question = _problem(rng)
+        if key not in held_out:
+            held_out.add(key)
+            line, _, result = solutions(*key)
+            test.append({"question": question, "answer": f"{line}\n#### {result}"})
+    while len(train) < n_train:
+        key, question = _problem(rng)
+        if key not in held_out:
+            line, counting, result = solutions(*key)
+            reasoning = counting if rng.random() < COUNTING_SHARE else line
+            train.append({"question": question, "answer": f"{reasoning}\n#### {result}"})
+    return train, test
+
+
+def write_problems(path: str | Path, train: list[dict], test: list[dict]) -> Path:
+    """A folder with train.jsonl and test.jsonl, as `--dataset` reads it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("test", test)):
+        with (path / f"{split}.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+    return path
+
+
+def build_tokenizer(rows: list[dict]):
+    """smoke's tokenizer, trained on the prompts and solutions with their digits left out, so that every digit
+    stays a token of its own: a tiny model learns sums of digits far sooner than sums of arbitrary digit chunks."""
+    import grpo_demo
+
+    texts = [grpo_demo.SYSTEM_PROMPT] + [r["question"] for r in rows] + [smoke.formatted_solution(r) for r in rows]
+    return smoke.build_tokenizer([re.sub(r"\d", "", text) for text in texts])
+
+
+def warm_start(model, tokenizer, rows: list[dict], steps: int = WARM_STEPS, seed: int = 0):
+    """Supervised fine-tuning on (recipe prompt, formatted solution + end of turn), loss on the solution only.
+
+    AdamW at up to WARM_LR (linear warmup over WARM_WARMUP steps, then cosine decay to 0), batches of WARM_BATCH
+    rows drawn without replacement. The model is trained in place and returned in eval mode.
+    """
+    import torch
+
+    import grpo_demo
+
+    prompts = [
+        tokenizer.apply_chat_template(grpo_demo.chat_prompt(r["question"]), add_generation_prompt=True, tokenize=False)
+        for r in rows
+    ]
+    # The trainer generates after the prompt's tokens, so the solution is tokenized on its own, as generated.
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    solution_ids = tokenizer([smoke.formatted_solution(r).rstrip("\n") for r in rows], add_special_tokens=False)[
+        "input_ids"
+    ]
+    examples = [(p, s + [tokenizer.eos_token_id]) for p, s in zip(prompt_ids, solution_ids, strict=True)]
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_LR, betas=(0.9, 0.99), weight_decay=0.0)
+    # Linear warmup, then cosine decay to 0: constant rates left the model at a noisy, seed-dependent point of
+    # learning to count (measured), and a decayed one settles on the data's mix of styles.
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / WARM_WARMUP) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1.0))),
+    )
+    model.train()
+    order: list[int] = []
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        if len(order) < WARM_BATCH:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        batch = [examples[order.pop()] for _ in range(WARM_BATCH)]
+        width = max(len(p) + len(s) for p, s in batch)
+        input_ids = torch.full((WARM_BATCH, width), tokenizer.pad_token_id)
+        labels = torch.full((WARM_BATCH, width), -100)  # ignored by the loss: prompt and padding
+        attention_mask = torch.zeros((WARM_BATCH, width), dtype=torch.long)
+        for i, (p, s) in enumerate(batch):
+            input_ids[i, : len(p) + len(s)] = torch.tensor(p + s)
+            labels[i, len(p) : len(p) + len(s)] = torch.tensor(s)
+            attention_mask[i, : len(p) + len(s)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if step % 100 == 0 or step == steps:
+            logger.info("Warm start %d/%d: loss %.3f (%.0f s)", step, steps, loss.item(), time.perf_counter() - started)
+    return model.eval()
+
+
+def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
+    """Write the generated problems and the warm-started model wherever the demo defaults still point at them;
+    with `fresh`, clear the preset's own output folder first (no other folder is ever cleared).
+
+    The warm start is kept in `model_dir` with the settings that made it, and reused while they stay the same.
+    Also limits torch to one thread for the rest of the process: this model's matrices are too small to gain much
+    from a second (a warm-start step takes 70 ms on one core, 50 ms on two), and where the cores are busy with
+    other work, two threads waiting on each other made sampling 15-40x slower (measured on 2 shared cores).
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    if fresh and output_dir == DEMO_DEFAULTS["output_dir"] and Path(output_dir).exists():
+        logger.warning("--demo starts afresh: replacing %s", output_dir)
+        shutil.rmtree(output_dir)
+    train, test = make_problems(N_TRAIN, N_TEST, seed)
+    if data_dir == DATA_DIR:
+        write_problems(data_dir, train, test)
+    if model_dir != MODEL_DIR:
+        return
+    made_with = {
+        "seed": seed,
+        "n_train": N_TRAIN,
+        "counting_share": COUNTING_SHARE,
+        "hidden_size": HIDDEN_SIZE,
+        "num_layers": NUM_LAYERS,
+        "warm_steps": WARM_STEPS,
+        "warm_lr": WARM_LR,
+        "warm_batch": WARM_BATCH,
+        "warm_warmup": WARM_WARMUP,
+    }
+    stamp = Path(model_dir) / "warm_start.json"
+    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == made_with:
+        logger.info("Reusing the warm-started model in %s", model_dir)
+        return
+    tokenizer = build_tokenizer(train)
+    model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS)
+    logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))
+    warm_start(model, tokenizer, train, WARM_STEPS, seed)
+    tokenizer.save_pretrained(model_dir)
+    model.save_pretrained(model_dir)
+    stamp.write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")

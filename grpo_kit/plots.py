@@ -1,0 +1,158 @@
+"""A picture of a run, readable without wandb: `<output_dir>/curves.png`, drawn at the end of every run.
+
+- Rewards: the mean of each reward and of their total per optimizer step (thin: as logged; thick: moving average).
+- Completion length: mean tokens per completion; a model that learns to reason longer shows it here.
+- Accuracy, where the run measured it: greedy accuracy on the test split during training (`eval_accuracy_*` in the
+  log history, from `evaluate.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+FILE_NAME = "curves.png"
+# Accuracy panel: (summary key, label, line style, line width); the in-training callback logs `eval_<key>`.
+ACCURACY_LINES = (
+    ("format_rate", "strict format", ":", 1.4),
+    ("accuracy_lenient", "accuracy, lenient (last number)", "--", 1.2),
+    ("accuracy_strict", "accuracy, strict (answer block)", "-", 2.2),
+)
+LENGTH_KEY = "completions/mean_length"
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of the last `window` values at each point (of fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _measured(entry: dict, key: str) -> float | None:
+    """An accuracy metric of a log entry, logged as `eval_<key>` (trainer state) or `eval/<key>` (trackers)."""
+    for name in (f"eval_{key}", f"eval/{key}"):
+        if name in entry:
+            return entry[name]
+    return None
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None:
+    """Draw `<output_dir>/curves.png` from its `trainer_state.json` and `eval/{baseline,final}/summary.json`.
+
+    Returns the picture's path, or None (nothing drawn) when the folder holds no trainer state.
+    """
+    output_dir = Path(output_dir)
+    state = _read_json(output_dir / "trainer_state.json")
+    if state is None:
+        logger.info("No trainer_state.json in %s: no curves to draw", output_dir)
+        return None
+    history = state.get("log_history", [])
+    steps = [e for e in history if "reward" in e and "step" in e]  # one entry per optimizer step
+    measured = [e for e in history if any(_measured(e, key) is not None for key, *_ in ACCURACY_LINES)]
+    before, after = (_read_json(output_dir / "eval" / name / "summary.json") for name in ("baseline", "final"))
+    last_step = state.get("global_step") or max((e["step"] for e in history if "step" in e), default=0)
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, and no window opened where there is one
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels = ["rewards"]
+    if any(LENGTH_KEY in e for e in steps):
+        panels.append("length")
+    if measured or before or after:
+        panels.append("accuracy")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for name, ax in zip(panels, axes[0], strict=True):
+        if name == "rewards":
+            _plot_rewards(ax, steps)
+        elif name == "length":
+            _plot_smoothed(ax, steps, [(LENGTH_KEY, "mean", "tab:blue", 1.8)])
+            ax.set(title="Completion length", xlabel="step", ylabel="tokens")
+        else:
+            _plot_accuracy(ax, measured, before, after, last_step)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, however few
+    fig.suptitle(title or f"{output_dir.name}: GRPO training", fontsize=12)
+    fig.tight_layout()
+    path = output_dir / FILE_NAME
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    logger.info("Curves drawn in %s", path)
+    return path
+
+
+def _plot_smoothed(ax, steps: list[dict], lines: list[tuple[str, str, str, float]]) -> int:
+    """Each (key, label, color, width) per step: faint as logged, solid as a moving average; returns the window."""
+    x = [e["step"] for e in steps]
+    window = max(1, round(len(x) / 15))  # about 15 windows across the run, whatever its length
+    for key, label, color, width in lines:
+        values = [e.get(key, float("nan")) for e in steps]
+        if window > 1:
+            ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(x, moving_average(values, window), color=color, linewidth=width, label=label)
+    if not steps:
+        ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
+    return window
+
+
+def _plot_rewards(ax, steps: list[dict]) -> None:
+    keys = sorted({k for e in steps for k in e if k.startswith("rewards/") and k.endswith("/mean")})
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+    lines = [
+        (key, key.removeprefix("rewards/").removesuffix("/mean").removesuffix("_reward_func"), color, 1.6)
+        for key, color in zip(keys, colors * (1 + len(keys) // len(colors)), strict=False)
+    ]
+    window = _plot_smoothed(ax, steps, [*lines, ("reward", "total", "black", 2.4)])
+    smoothing = f" (moving average of {window} steps)" if window > 1 else ""
+    ax.set(title=f"Rewards: mean per step{smoothing}", xlabel="step", ylabel="reward")
+    ax.legend(fontsize=8, loc="best")
+
+
+def _plot_accuracy(ax, measured: list[dict], before: dict | None, after: dict | None, last_step: int) -> None:
+    """Percentages per step during training, the before/after evaluations as large markers at both ends."""
+    colors = {"format_rate": "tab:green", "accuracy_lenient": "tab:orange", "accuracy_strict": "tab:blue"}
+    for key, label, style, width in ACCURACY_LINES:
+        color = colors[key]
+        points = [e for e in measured if _measured(e, key) is not None]
+        if points:
+            x, y = [e["step"] for e in points], [100 * _measured(e, key) for e in points]
+            ax.plot(x, y, style, marker=".", color=color, linewidth=width, label=label)
+            label = None  # one legend entry per metric
+        for summary, step, marker, size, side in ((before, 0, "o", 8, 1), (after, last_step, "*", 13, -1)):
+            if summary is None or key not in summary:
+                continue
+            value = 100 * summary[key]
+            ax.plot(step, value, marker, color=color, markersize=size, label=label)
+            label = None
+            ax.annotate(
+                f"{value:.0f}",
+                (step, value),
+                textcoords="offset points",
+                xytext=(7 * side, 4),
+                ha="left" if side > 0 else "right",
+                fontsize=8,
+                color=color,
+            )
+    headline = ""
+    if before and after:
+        headline = f": strict {100 * before['accuracy_strict']:.1f} % → {100 * after['accuracy_strict']:.1f} %"
+    n = (after or before or {}).get("n")
+    notes = ["lines: during training, on a subset"] if measured else []
+    if before or after:
+        notes.append("o / *: before / after training" + (f", {n} questions" if n else ""))
+    ax.plot([], [], " ", label="\n".join(notes))  # no marker: a note in the legend
+    ax.set(title=f"Greedy accuracy on the test split{headline}", xlabel="step", ylabel="%", ylim=(-3, 103))
+    ax.legend(fontsize=8, loc="best")

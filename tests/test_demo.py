@@ -1,0 +1,108 @@
+"""The learning demo: `python grpo_demo.py --demo` raises held-out accuracy with GRPO, offline, on a CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+
+import torch
+from conftest import REWARD_NAMES, run_recipe
+from transformers import AutoTokenizer
+
+import grpo_demo
+from grpo_kit import demo, smoke
+
+FULL_REWARD = 4.0  # xmlcount 0.5 + soft 0.5 + strict 0.5 + int 0.5 + correctness 2.0
+
+
+def test_held_out_problems_are_new_sums():
+    train, test = demo.make_problems(2000, 256, seed=3)
+    assert (len(train), len(test)) == (2000, 256)
+
+    def sum_asked(row) -> tuple:  # ("48", "+", "8") for "... has 48 apples and gets 8 more ..."
+        a, b = re.findall(r"\d+", row["question"])
+        return a, "+" if "more" in row["question"] else "-", b
+
+    held_out = {sum_asked(row) for row in test}
+    assert len(held_out) == 256  # each test problem a different sum...
+    assert not held_out & {sum_asked(row) for row in train}  # ...and none of them in training
+    for row in test + train:
+        a, op, b = sum_asked(row)
+        assert row["answer"].endswith(f"#### {int(a) + int(b) if op == '+' else int(a) - int(b)}")
+    counting = [row for row in train if ", counting" in row["answer"]]
+    assert 0.25 < len(counting) / len(train) < 0.35  # COUNTING_SHARE 0.3
+
+
+def test_solutions_count_on_and_back_to_the_result():
+    assert demo.solutions(48, 3, "+") == ("48 + 3 = 51", "48 + 3, counting on: 49+2=50+1=51", 51)
+    assert demo.solutions(12, 4, "-") == ("12 - 4 = 8", "12 - 4, counting back: 11-3=10-2=9-1=8", 8)
+    assert demo.solutions(10, 1, "-") == ("10 - 1 = 9", "10 - 1, counting back: 9", 9)
+
+
+def test_warm_start_targets_earn_every_reward():
+    """The warm start teaches exactly what the rewards pay for: both styles, formatted, earn the full 4.0."""
+    train, _ = demo.make_problems(200, 10)
+    completions = [[{"role": "assistant", "content": smoke.formatted_solution(r).rstrip("\n")}] for r in train]
+    answers = [grpo_demo.extract_hash_answer(r["answer"]) for r in train]
+    totals = [0.0] * len(train)
+    for func in grpo_demo.REWARD_FUNCS:
+        scores = func(prompts=[None] * len(train), completions=completions, answer=answers)
+        totals = [t + s for t, s in zip(totals, scores, strict=True)]
+    assert totals == [FULL_REWARD] * len(train)
+
+
+def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the demo's one thread: not for the whole session
+    monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
+    d = demo.DEMO_DEFAULTS
+    demo.prepare(d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+    model_dir = tmp_path / demo.MODEL_DIR
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
+    assert json.loads((model_dir / "warm_start.json").read_text())["warm_steps"] == 3
+    test_rows = grpo_demo.get_gsm8k_questions("test", d["dataset"])
+    assert len(test_rows) == demo.N_TEST
+
+    # Every solution, the longest counting ones included, fits in max_completion_length with its end of turn.
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = [
+        smoke.formatted_solution({"answer": f"{style}\n#### {result}"}).rstrip("\n")
+        for a in range(10, 100)
+        for b in range(1, 10)
+        for op in "+-"
+        for *styles, result in [demo.solutions(a, b, op)]
+        for style in styles
+    ]
+    longest = max(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    assert longest <= d["max_completion_length"]
+    with caplog.at_level(logging.INFO, logger="grpo_demo"):
+        demo.prepare(d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+    assert "Reusing the warm-started model" in caplog.text
+
+
+def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
+    """The whole demo as documented, fixed seed (the preset's): greedy strict accuracy on 256 held-out problems
+    rises by at least 15 points from the warm-started model to the GRPO-trained one, keeping the format."""
+    start = time.monotonic()
+    result = run_recipe(["--demo"], cwd=tmp_path, timeout=900)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stdout[-4000:]
+    run = tmp_path / "outputs" / "demo-GRPO"
+    comparison = json.loads((run / "eval" / "comparison.json").read_text())
+    before, after = comparison["baseline"], comparison["final"]
+    assert before["n"] == after["n"] >= 200
+    assert before["format_rate"] >= 0.9  # the warm start taught the format...
+    assert before["accuracy_strict"] <= 0.4  # ...but not yet the sums
+    rise = after["accuracy_strict"] - before["accuracy_strict"]
+    assert rise >= 0.15, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
+    assert after["format_rate"] >= 0.9
+
+    state = json.loads((run / "trainer_state.json").read_text())
+    steps = [e for e in state["log_history"] if "reward" in e]
+    assert len(steps) == demo.DEMO_DEFAULTS["max_steps"]
+    assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
+    assert any("eval_accuracy_strict" in e for e in state["log_history"])  # measured during training too
+    assert (run / "curves.png").stat().st_size > 10_000
+    assert elapsed < 240, f"--demo took {elapsed:.0f} s (about 100 s on two idle cores)"

@@ -1,0 +1,100 @@
+"""The run's picture: drawn from trainer_state.json (and the before/after evaluations when there are some)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import pytest
+from conftest import REWARD_NAMES
+
+from grpo_kit import plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_state(folder, steps: int = 30, accuracy_every: int = 0) -> None:
+    """A trainer_state.json as GRPOTrainer writes it: one entry per step, accuracy entries when measured."""
+    history = []
+    for step in range(1, steps + 1):
+        rewards = {f"rewards/{name}/mean": 0.5 * (1 - math.exp(-step / 10)) for name in REWARD_NAMES}
+        rewards[f"rewards/{REWARD_NAMES[-1]}/mean"] = 2.0 * step / steps  # correctness climbs
+        lengths = {"completions/mean_length": 20.0 + step}
+        history.append({"step": step, "loss": 0.01, "reward": sum(rewards.values()), **lengths, **rewards})
+        if accuracy_every and step % accuracy_every == 0:
+            history.append(
+                {
+                    "step": step,
+                    "eval_accuracy_strict": step / steps,
+                    "eval_accuracy_lenient": min(1.0, step / steps + 0.1),
+                    "eval_format_rate": 0.95,
+                    "eval_mean_completion_tokens": 16.0,
+                }
+            )
+    history.append({"step": steps, "train_runtime": 12.5, "train_loss": 0.01})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": steps, "log_history": history}))
+
+
+def write_summary(folder, name: str, accuracy: float) -> None:
+    summary = {"n": 256, "accuracy_strict": accuracy, "accuracy_lenient": accuracy, "format_rate": 0.97}
+    (folder / "eval" / name).mkdir(parents=True)
+    (folder / "eval" / name / "summary.json").write_text(json.dumps(summary))
+
+
+def panels(path) -> int:
+    """How many panels wide a curves.png is: each panel is 5.2 x 4.2 inches at 90 dpi."""
+    width, height = png_size(path)
+    assert height == round(4.2 * 90)
+    assert width % round(5.2 * 90) == 0, width
+    return width // round(5.2 * 90)
+
+
+def png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's header; fails on anything that is not a PNG."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, "not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_run_with_accuracy_and_before_after(tmp_path):
+    write_state(tmp_path, steps=40, accuracy_every=10)
+    write_summary(tmp_path, "baseline", 0.2)
+    write_summary(tmp_path, "final", 0.6)
+    path = plots.plot_curves(tmp_path)
+    assert path == tmp_path / "curves.png"
+    assert panels(path) == 3  # rewards, completion length, accuracy
+    assert 20_000 < path.stat().st_size < 200_000  # drawn, and small enough for the README
+
+
+@pytest.mark.parametrize("with_summaries", [False, True])
+def test_run_without_accuracy_metrics(tmp_path, with_summaries):
+    """A run with no in-training accuracy (eval_every_steps 0) still gets its reward curves."""
+    write_state(tmp_path, steps=5)
+    if with_summaries:  # before/after only: drawn as two points
+        write_summary(tmp_path, "baseline", 0.1)
+        write_summary(tmp_path, "final", 0.3)
+    assert panels(plots.plot_curves(tmp_path)) == (3 if with_summaries else 2)  # accuracy only where measured
+
+
+def test_folder_without_trainer_state_draws_nothing(tmp_path):
+    assert plots.plot_curves(tmp_path) is None
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_run_logged_by_a_tracker_under_slash_names(tmp_path):
+    """`eval/accuracy_strict` (as wandb names it) is read like the trainer state's `eval_accuracy_strict`."""
+    write_state(tmp_path, steps=10, accuracy_every=5)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    for entry in state["log_history"]:
+        for key in [k for k in entry if k.startswith("eval_")]:
+            entry["eval/" + key.removeprefix("eval_")] = entry.pop(key)
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    assert panels(plots.plot_curves(tmp_path)) == 3
+
+
+def test_moving_average():
+    assert plots.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert plots.moving_average([2.0, 4.0], 1) == [2.0, 4.0]
