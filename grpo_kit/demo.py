@@ -116,16 +116,6 @@ def make_problems(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     return train, test
 
 
-def write_problems(path: str | Path, train: list[dict], test: list[dict]) -> Path:
-    """A folder with train.jsonl and test.jsonl, as `--dataset` reads it."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    for split, rows in (("train", train), ("test", test)):
-        with (path / f"{split}.jsonl").open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-    return path
-
-
 def build_tokenizer(rows: list[dict]):
     """smoke's tokenizer, trained on the prompts and solutions with their digits left out, so that every digit
     stays a token of its own: a tiny model learns sums of digits far sooner than sums of arbitrary digit chunks."""
@@ -209,7 +199,7 @@ def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, 
         shutil.rmtree(output_dir)
     train, test = make_problems(N_TRAIN, N_TEST, seed)
     if data_dir == DATA_DIR:
-        write_problems(data_dir, train, test)
+        smoke.write_splits(data_dir, train, test)
     if model_dir != MODEL_DIR:
         return
     made_with = {

@@ -100,14 +100,19 @@ def make_problems(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_gsm8k_folder(path: str | Path, n_train: int = 64, n_test: int = 32, seed: int = 0) -> Path:
-    """A folder with train.jsonl and test.jsonl in GSM8K's format, as `--dataset` reads it."""
+def write_splits(path: str | Path, train: list[dict], test: list[dict]) -> Path:
+    """A folder with train.jsonl and test.jsonl (one GSM8K row a line), as `--dataset` reads it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    for split, rows in (("train", make_problems(n_train, seed)), ("test", make_problems(n_test, seed + 1))):
+    for split, rows in (("train", train), ("test", test)):
         with (path / f"{split}.jsonl").open("w", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
     return path
+
+
+def write_gsm8k_folder(path: str | Path, n_train: int = 64, n_test: int = 32, seed: int = 0) -> Path:
+    """`write_splits` of `n_train` and `n_test` generated problems."""
+    return write_splits(path, make_problems(n_train, seed), make_problems(n_test, seed + 1))
 
 
 def formatted_solution(row: dict) -> str:
