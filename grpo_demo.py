@@ -495,18 +495,17 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. data: chat prompts with canonical answers, over-long prompts dropped; the test split for accuracy
     measure = recipe_args.eval_only or recipe_args.final_eval or recipe_args.eval_every_steps > 0
-    test = get_gsm8k_questions("test", recipe_args.dataset, recipe_args.strict_data) if measure else None
-    train = (
-        None if recipe_args.eval_only else get_gsm8k_questions("train", recipe_args.dataset, recipe_args.strict_data)
-    )
+    data = (recipe_args.dataset, recipe_args.strict_data)
+    test = get_gsm8k_questions("test", *data) if measure else None
+    train = None if recipe_args.eval_only else get_gsm8k_questions("train", *data)
     tokenizer = load_tokenizer(model_args, training_args)
     evals = evaluate.Evaluator(
         test,
         tokenizer,
         out_dir,
-        training_args.max_completion_length,
-        recipe_args.eval_batch_size,
-        recipe_args.eval_limit,
+        max_new_tokens=training_args.max_completion_length,
+        batch_size=recipe_args.eval_batch_size,
+        limit=recipe_args.eval_limit,
     )
     if recipe_args.eval_only:  # the start model is the baseline; a model in its own output folder is the final one
         name = "final" if Path(model_name).resolve() == Path(out_dir).resolve() else "baseline"
