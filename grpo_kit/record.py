@@ -11,8 +11,9 @@ import platform
 import subprocess
 import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
+
+from grpo_kit.checks import installed_version
 
 logger = logging.getLogger("grpo_demo")
 
@@ -22,13 +23,7 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "w
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions of the libraries that change results; None for one that is absent."""
-    versions = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {"python": platform.python_version(), **{name: installed_version(name) for name in PACKAGES}}
 
 
 def recipe_commit() -> dict[str, str | bool | None]:
