@@ -18,20 +18,15 @@ Where this recipe departs from the reference script it descends from, and why:
    rather than strings (`1,080` == `1080`, `$18.00` == `18`) and never print.
 4. The model is placed by the trainer (no `.to("cuda")`), so `accelerate launch` puts each process on its own GPU.
 5. KL is off (`beta=0`, today's TRL default; the reference ran with 0.04): it saves the reference model's memory.
+6. Full fine-tuning keeps fp32 weights and computes in bf16: the reference's pure-bf16 weights lost most updates.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
-import os
-import re
-import sys
-from dataclasses import dataclass, field
-from decimal import Decimal
-from fractions import Fraction
-from pathlib import Path
+
+from grpo_kit.answer_format import AnswerFormat
+from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
 
 logger = logging.getLogger("grpo_demo")
 
@@ -101,14 +96,6 @@ XML_COT_FORMAT = _tag_block(REASONING_TAG, "{reasoning}") + _tag_block(ANSWER_TA
 R_OPEN, R_CLOSE = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
 A_OPEN, A_CLOSE = f"<{ANSWER_TAG}>", f"</{ANSWER_TAG}>"
 
-# A number as people write it: thousands separators only in groups of three, an optional sign and decimals.
-NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+", re.ASCII)
-# An integer written the way GSM8K's gold answers are: 72, -3, 1,080.
-GSM8K_INT_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)", re.ASCII)
-BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
-MAX_ANSWER_CHARS = 300  # an answer block is a number and perhaps a short sentence; longer is an essay, not an answer
-MAX_NUMBER_CHARS = 40  # far beyond any GSM8K answer; keeps arbitrary-precision parsing cheap
-
 
 def extract_xml_answer(text: str) -> str:
     """The stripped content of the last complete <answer>...</answer> block; "" when there is none."""
@@ -128,52 +115,37 @@ def extract_hash_answer(text: str) -> str | None:
     return text.split("####")[-1].strip().replace(",", "")
 
 
-def parse_number(text: str) -> Fraction | None:
-    """`text` as an exact number when it is one (`1,080`, `-3`, `18.00`, `.5`), else None."""
-    text = str(text).strip()
-    if len(text) > MAX_NUMBER_CHARS or not NUMBER_RE.fullmatch(text):
-        return None
-    return Fraction(Decimal(text.replace(",", "")))
+def is_strict_format(text: str) -> bool:
+    """Whether `text` is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`: one final newline
+    allowed, each tag once, nothing around it."""
+    body = text[:-1] if text.endswith("\n") else text
+    if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
+        return False  # each tag once: no nested or repeated blocks
+    head, middle, tail = R_OPEN + "\n", f"\n{R_CLOSE}\n{A_OPEN}\n", "\n" + A_CLOSE
+    split = body.find(middle)
+    return (
+        body.startswith(head)
+        and body.endswith(tail)
+        and split >= len(head)  # the reasoning may be empty, its newlines may not be shared
+        and split + len(middle) <= len(body) - len(tail)
+    )
 
 
-def answer_number(answer: str) -> Fraction | None:
-    """The one number an answer block commits to, else None.
-
-    `\\boxed{...}` is looked into; currency signs, units and words around a single number are ignored
-    (`$1,080.00 in total.` is 1080). A block with no number, with two different ones (`18 or 20`,
-    `3 * 6 = 18`), or longer than MAX_ANSWER_CHARS commits to nothing.
-    """
-    if len(answer) > MAX_ANSWER_CHARS:
-        return None
-    boxed = BOXED_RE.findall(answer)
-    if boxed:
-        answer = boxed[-1]
-    numbers = {parse_number(n) for n in NUMBER_RE.findall(answer)}
-    return numbers.pop() if len(numbers) == 1 else None
+def is_soft_format(text: str) -> bool:
+    """Whether `text` opens (after any whitespace) with a reasoning block followed, whitespace between allowed, by
+    an answer block; line breaks anywhere inside, text after it allowed."""
+    text = text.lstrip()
+    if not text.startswith(R_OPEN):
+        return False
+    close = text.find(R_CLOSE)
+    if close < 0:
+        return False
+    rest = text[close + len(R_CLOSE) :].lstrip()
+    return rest.startswith(A_OPEN) and rest.find(A_CLOSE, len(A_OPEN)) >= 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
-
-
-def load_gsm8k_split(split: str, dataset_dir: str | None = None):
-    """GSM8K rows (`question`, `answer`) from a local folder of `<split>.jsonl`, or from the Hub."""
-    from datasets import Dataset, load_dataset
-
-    if dataset_dir:
-        path = Path(dataset_dir) / f"{split}.jsonl"
-        if not path.is_file():
-            sys.exit(f"--dataset {dataset_dir}: no {path.name} there (expected GSM8K's train.jsonl / test.jsonl)")
-        with path.open(encoding="utf-8") as f:
-            return Dataset.from_list([json.loads(line) for line in f if line.strip()])
-    try:
-        return load_dataset(DATASET_NAME, DATASET_CONFIG, split=split)
-    except Exception as err:  # the Hub is unreachable or the data set is not cached
-        sys.exit(
-            f"Could not load {DATASET_NAME} ({type(err).__name__}: {str(err)[:200]}).\n"
-            "Offline? Use a local copy: --dataset DIR (a folder with train.jsonl and test.jsonl), "
-            "or try the whole recipe on generated problems: --smoke"
-        )
 
 
 def chat_prompt(question: str) -> list[dict]:
@@ -187,29 +159,22 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
     Rows with no `####` answer, an empty question or a gold answer that is not a number are counted, named and
     dropped (or, with `strict`, stop the run): a row without a usable answer would only ever teach noise.
     """
-    data = load_gsm8k_split(split, dataset_dir)
-    bad: dict[str, list[int]] = {"no '####' answer": [], "an empty question": [], "a gold answer that is no number": []}
-    rows = []
-    for i, row in enumerate(data):
-        question, answer = (row.get("question") or "").strip(), extract_hash_answer(row.get("answer") or "")
-        if answer is None:
-            bad["no '####' answer"].append(i)
-        elif not question:
-            bad["an empty question"].append(i)
-        elif parse_number(answer) is None:
-            bad["a gold answer that is no number"].append(i)
-        else:
-            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
-    for reason, ids in bad.items():
-        if ids:
-            message = f"{len(ids)} {split} rows with {reason} (row ids {ids[:20]}{' ...' if len(ids) > 20 else ''})"
-            if strict:
-                sys.exit(f"Bad data: {message}. Fix the data, or drop such rows: --strict_data false")
-            logger.warning("Dropped %s", message)
-    if not rows:
-        sys.exit(f"No usable {split} rows in {dataset_dir or DATASET_NAME}: every row was dropped (see above)")
     from datasets import Dataset
 
+    from grpo_kit.data import load_split, report_bad_rows
+
+    rows, bad = [], {}
+    for i, row in enumerate(load_split(split, dataset_dir, DATASET_NAME, DATASET_CONFIG)):
+        question, answer = (row.get("question") or "").strip(), extract_hash_answer(row.get("answer") or "")
+        if answer is None:
+            bad.setdefault("no '####' answer", []).append(i)
+        elif not question:
+            bad.setdefault("an empty question", []).append(i)
+        elif parse_number(answer) is None:
+            bad.setdefault("a gold answer that is no number", []).append(i)
+        else:
+            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
+    report_bad_rows(bad, len(rows), split, dataset_dir or DATASET_NAME, strict)
     return Dataset.from_list(rows)
 
 
@@ -229,10 +194,7 @@ def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
         max_tokens,
         f" (rows {long_rows[:20]})" if long_rows else "",
     )
-    if not long_rows:
-        return data
-    keep = sorted(set(range(len(lengths))) - set(long_rows))
-    return data.select(keep)
+    return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -263,41 +225,13 @@ def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[floa
 
 def int_reward_func(completions, **kwargs) -> list[float]:
     """0.5 if the answer block is exactly an integer as GSM8K writes them (`72`, `-3`, `1,080`), else 0.0."""
-    blocks = [extract_xml_answer(t) for t in completion_texts(completions)]
-    return [0.5 if len(b) <= MAX_ANSWER_CHARS and GSM8K_INT_RE.fullmatch(b) else 0.0 for b in blocks]
-
-
-def is_strict_format(text: str) -> bool:
-    """Whether `text` is in the exact answer format (see `strict_format_reward_func`)."""
-    body = text[:-1] if text.endswith("\n") else text
-    if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
-        return False  # each tag once: no nested or repeated blocks
-    head, middle, tail = R_OPEN + "\n", f"\n{R_CLOSE}\n{A_OPEN}\n", "\n" + A_CLOSE
-    split = body.find(middle)
-    return (
-        body.startswith(head)
-        and body.endswith(tail)
-        and split >= len(head)  # the reasoning may be empty, its newlines may not be shared
-        and split + len(middle) <= len(body) - len(tail)
-    )
+    return [0.5 if is_gsm8k_integer(extract_xml_answer(t)) else 0.0 for t in completion_texts(completions)]
 
 
 def strict_format_reward_func(completions, **kwargs) -> list[float]:
     """0.5 if the completion is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>` (one final
     newline allowed, each tag once, nothing around it), else 0.0."""
     return [0.5 if is_strict_format(t) else 0.0 for t in completion_texts(completions)]
-
-
-def is_soft_format(text: str) -> bool:
-    """Whether `text` opens with a reasoning block and then an answer block (see `soft_format_reward_func`)."""
-    text = text.lstrip()
-    if not text.startswith(R_OPEN):
-        return False
-    close = text.find(R_CLOSE)
-    if close < 0:
-        return False
-    rest = text[close + len(R_CLOSE) :].lstrip()
-    return rest.startswith(A_OPEN) and rest.find(A_CLOSE, len(A_OPEN)) >= 0
 
 
 def soft_format_reward_func(completions, **kwargs) -> list[float]:
@@ -338,220 +272,100 @@ REWARD_FUNCS = [
     correctness_reward_func,
 ]
 
+# What the evaluation, --ask and the offline presets need to know of this recipe's format: handed to them, so that
+# an edited copy of this file evaluates and builds its assets in its own format.
+ANSWER_FORMAT = AnswerFormat(
+    chat_prompt=chat_prompt,
+    solution_template=XML_COT_FORMAT,
+    tags=(R_OPEN, R_CLOSE, A_OPEN, A_CLOSE),
+    extract_answer=extract_xml_answer,
+    is_strict_format=is_strict_format,
+    is_soft_format=is_soft_format,
+)
+
 
 # ----------------------------------------------------------------------------------------------------------------
-# Settings: the constants above are the defaults; YAML (--config) overrides them, the command line overrides both.
+# Settings and precision
 
 
-@dataclass
-class RecipeArguments:
-    dataset: str | None = field(
-        default=None, metadata={"help": "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k"}
-    )
-    max_prompt_tokens: int = field(default=MAX_PROMPT_TOKENS, metadata={"help": "Longer prompts are dropped"})
-    strict_data: bool = field(
-        default=False, metadata={"help": "Stop on a bad data row instead of dropping it (and saying so)"}
-    )
-    smoke: bool = field(
-        default=False, metadata={"help": "Offline CPU check: tiny generated model and problems, a few steps"}
-    )
-    demo: bool = field(
-        default=False,
-        metadata={"help": "Offline CPU demo, ~2 min: GRPO raises a tiny warm-started model's accuracy (curves.png)"},
-    )
-    # GSM8K test accuracy: greedy, max_completion_length new tokens, scored strict (answer block) and lenient
-    eval_only: bool = field(
-        default=False,
-        metadata={"help": "Evaluate --model_name_or_path on the test split into <output_dir>/eval/ and exit"},
-    )
-    final_eval: bool = field(
-        default=True,
-        metadata={"help": "Evaluate the start model (unless eval/baseline exists) and the trained one, and compare"},
-    )
-    eval_every_steps: int = field(
-        default=50, metadata={"help": "Accuracy on eval_subset test questions every N steps, logged; 0: off"}
-    )
-    eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
-    eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
-    eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together in evaluation"})
-    ask: str | None = field(
-        default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
-    )
-
-
-def run_names(model_name: str) -> dict:
-    """outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`."""
-    base = model_name.rstrip("/").split("/")[-1]
-    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
-    short = f"{match[1]}-{match[2]}" if match else base
-    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
+def recipe_defaults() -> dict:
+    """The constants above, as the defaults of settings (GRPOConfig, ModelConfig and the run's own fields)."""
+    return {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, "max_prompt_tokens": MAX_PROMPT_TOKENS}
 
 
 def parse_settings(argv: list[str] | None = None):
-    """(RecipeArguments, GRPOConfig, ModelConfig): constants < `--smoke`/`--demo` preset < YAML < command line.
+    """(RunArguments, GRPOConfig, ModelConfig): these constants < `--smoke`/`--demo` preset < YAML < command line,
+    each value checked before anything is loaded or downloaded."""
+    from grpo_kit import settings
 
-    Every setting that can be checked without the model is checked here, before anything is loaded or downloaded.
+    return settings.parse(argv, recipe_defaults(), ANSWER_FORMAT, REWARD_FUNCS)
+
+
+def weights_dtype(model_args, training_args) -> str:
+    """The dtype the trainer loads the weights in; `--dtype` overrides it.
+
+    Full fine-tuning on a GPU keeps fp32 weights and computes in bf16 (`bf16=True`: autocast, flash-attention):
+    AdamW updates bf16 weights in place, and at lr 5e-6 a step is far below half the bf16 spacing of a weight near
+    0.02 (6e-5), so it rounds away. Measured (benchmarks/bf16_updates.py): pure bf16 weights realise ~1/13 of the
+    fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
+    master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
+    memory: 16 bytes per parameter before activations, ~25 GB for the 1.5B model (README, "GPU memory").
+    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32.
     """
-    import torch
-    from trl import GRPOConfig, ModelConfig, TrlParser
-
-    from grpo_kit import checks, demo, smoke
-
-    argv, yaml_values = checks.read_config_flag(list(sys.argv[1:] if argv is None else argv))
-    parser = TrlParser((RecipeArguments, GRPOConfig, ModelConfig))
-
-    def resolve(defaults: dict) -> dict:
-        unknown_yaml = parser.set_defaults_with_config(**{**defaults, **yaml_values})
-        namespace, unknown_cli = parser.parse_known_args(argv)
-        if unknown_yaml or unknown_cli:
-            sys.exit(f"Unknown settings: {unknown_yaml + unknown_cli} (python grpo_demo.py --help lists them)")
-        return vars(namespace)
-
-    cuda = torch.cuda.is_available()
-    defaults = {
-        **GRPO_DEFAULTS,
-        **LORA_DEFAULTS,
-        "model_name_or_path": MODEL_NAME,
-        "bf16": cuda,
-        "dtype": "bfloat16" if cuda else "float32",  # ModelConfig's own default is float32 everywhere
-        "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
-    }
-    chosen = resolve(defaults)
-    if chosen["smoke"]:
-        defaults.update(smoke.SMOKE_DEFAULTS)
-    elif chosen["demo"]:
-        defaults.update(demo.DEMO_DEFAULTS)
-    # The output folder and run name follow the model, wherever it was chosen (a preset may name its own).
-    defaults = {**run_names(resolve(defaults)["model_name_or_path"]), **defaults}
-    problems = checks.check_settings(resolve(defaults), len(REWARD_FUNCS), (REASONING_TAG, ANSWER_TAG))
-    if problems:
-        sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in problems))
-    return parser.parse_args_into_dataclasses(argv)
+    if model_args.dtype:
+        return model_args.dtype
+    if training_args.use_cpu or not training_args.bf16:
+        return "float32"
+    return "bfloat16" if model_args.use_peft else "float32"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Model and logging
-
-
-def model_init_kwargs(model_args) -> dict:
-    """The dtype (bf16 on CUDA, fp32 on CPU, by default) and flash-attention 2 on CUDA when flash-attn imports,
-    else sdpa. The trainer loads the model with these and places it."""
-    import torch
-
-    attn = model_args.attn_implementation
-    if attn is None:
-        if not torch.cuda.is_available():
-            attn = "sdpa"
-        elif importlib.util.find_spec("flash_attn") is not None:
-            attn = "flash_attention_2"
-        else:
-            attn = "sdpa"
-            logger.warning("flash-attn is not installed: using sdpa attention (pip install -r requirements-gpu.txt)")
-    return {"dtype": model_args.dtype, "attn_implementation": attn, "revision": model_args.model_revision}
-
-
-def load_tokenizer(model_args, training_args):
-    """The model's tokenizer, with a pad token; a short message instead of a traceback when it can't be had."""
-    from transformers import AutoTokenizer
-
-    name = model_args.model_name_or_path
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-        )
-    except OSError as err:  # not on disk, not in the cache, and the Hub unreachable or gated
-        sys.exit(
-            f"Could not load the model {name!r} ({str(err).splitlines()[0][:200]}).\n"
-            "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
-            "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
-        )
-    if tokenizer.pad_token is None:  # Llama 3.2 ships none; padding is masked out anyway
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+# Main: settings -> data -> trainer -> train -> save (accuracy is measured on the trainer's own model)
 
 
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import checks, demo, evaluate, plots, record, smoke, tracking
+    from grpo_kit import evaluation, models, modes, plots, presets, record, tracking
 
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,  # other processes: warnings
-    )
-    recipe_args, training_args, model_args = parse_settings(argv)  # checked before anything loads
-    out_dir, model_name = training_args.output_dir, model_args.model_name_or_path
-    resume = checks.resolve_resume(training_args.resume_from_checkpoint, out_dir)
-    trains = not (recipe_args.eval_only or recipe_args.ask)
-    preset = smoke if recipe_args.smoke else demo if recipe_args.demo else None
-    if preset:  # build the tiny model (warm-started for --demo) and the generated problems the preset points at
-        # Under `accelerate launch` every process gets here: the first writes, the others wait, then all read.
-        with training_args.main_process_first(local=False, desc="preset assets"):
-            if training_args.process_index == 0:
-                preset.prepare(model_name, recipe_args.dataset, out_dir, trains and not resume, training_args.seed)
-    if recipe_args.ask:  # the trained model answers a new question, sampled as a user would see it
-        print(evaluate.ask(model_name, recipe_args.ask, training_args.max_completion_length))
-        return
+    run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
+    presets.prepare(run, training_args, model_args, ANSWER_FORMAT)  # --smoke/--demo: a tiny model, generated data
+    if run.ask:  # a sampled answer of a saved model to a question of your own
+        return modes.ask(run.ask, model_args, training_args, ANSWER_FORMAT)
 
-    # 1. data: chat prompts with canonical answers, over-long prompts dropped; the test split for accuracy
-    measure = recipe_args.eval_only or recipe_args.final_eval or recipe_args.eval_every_steps > 0
-    data = (recipe_args.dataset, recipe_args.strict_data)
-    test = get_gsm8k_questions("test", *data) if measure else None
-    train = None if recipe_args.eval_only else get_gsm8k_questions("train", *data)
-    tokenizer = load_tokenizer(model_args, training_args)
-    evals = evaluate.Evaluator(
-        test,
-        tokenizer,
-        out_dir,
-        max_new_tokens=training_args.max_completion_length,
-        batch_size=recipe_args.eval_batch_size,
-        limit=recipe_args.eval_limit,
-    )
-    if recipe_args.eval_only:  # the start model is the baseline; a model in its own output folder is the final one
-        name = "final" if Path(model_name).resolve() == Path(out_dir).resolve() else "baseline"
-        evals.run(name, model_name, use_vllm=training_args.use_vllm)
-        evals.compare()
-        return
-    dataset = drop_long_prompts(train, tokenizer, recipe_args.max_prompt_tokens)
+    # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
+    test = get_gsm8k_questions("test", run.dataset, run.strict_data) if evaluation.measures(run) else None
+    if run.eval_only:
+        return modes.evaluate_only(test, run, training_args, model_args, ANSWER_FORMAT)
+    train = get_gsm8k_questions("train", run.dataset, run.strict_data)
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
-    # 2. trainer: the model is loaded by it, placed by it, one copy per process
+    # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)
-    training_args.model_init_kwargs = model_init_kwargs(model_args)
+    model_args.dtype = weights_dtype(model_args, training_args)
+    training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)
     trainer = GRPOTrainer(
-        model=model_name,
+        model=model_args.model_name_or_path,
         processing_class=tokenizer,
         reward_funcs=REWARD_FUNCS,
         args=training_args,
-        train_dataset=dataset,
+        train_dataset=train,
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
-    main_process = trainer.accelerator.is_main_process
+    models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
+    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT))  # before, during, after training
+    record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
-    # 3. before training: a record of the run, and the start model's accuracy (only the main process writes or
-    # generates; the others wait for it at their first collective call)
-    if main_process:
-        settings = {"recipe": recipe_args, "training": training_args, "model": model_args}
-        run = record.write_run_record(out_dir, settings, dataset, training_args.seed)
-        trainer.add_callback(record.link_to_wandb(run, out_dir))
-        if recipe_args.final_eval and not evals.done("baseline"):
-            evals.run("baseline", model_name)
-    if recipe_args.eval_every_steps > 0:
-        trainer.add_callback(evals.callback(trainer, recipe_args.eval_every_steps, recipe_args.eval_subset))
-
-    # 4. train (from the last checkpoint when resuming), save, measure the saved model, close the trackers
-    if resume:
-        logger.info("Resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(out_dir)
-    trainer.save_state()  # trainer_state.json beside the final model: every logged metric, step by step
-    if recipe_args.final_eval and main_process:
-        evals.run("final", out_dir)
-        evals.compare()
-    if main_process:
-        plots.plot_curves(out_dir)  # curves.png: rewards, completion length and accuracy, readable without wandb
+    # 3. train (from the last checkpoint when resuming), 4. save the model and every logged metric beside it
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()
+    if trainer.accelerator.is_main_process:
+        plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
     tracking.finish(trainer)
-    logger.info("Model saved to %s", out_dir)
+    logger.info("Model saved to %s", training_args.output_dir)
 
 
 if __name__ == "__main__":

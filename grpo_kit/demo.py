@@ -1,23 +1,22 @@
 """The learning preset: a tiny model that knows the answer format but mostly gets the sums wrong, until GRPO.
 
 `python grpo_demo.py --demo` points the recipe at what `prepare` writes, then trains with the recipe's own GRPO and
-rewards, offline, in under two minutes on two CPU cores (103 s measured, 55 s of it the warm start):
+rewards, offline, in about two minutes on two CPU cores (about half of it the warm start):
 
 1. Problems: grade-school word problems, a two-digit number plus or minus a one-digit one, in GSM8K's format.
    The held-out test split (256 problems) shares no sum (numbers and operation) with the training split.
 2. A tiny Qwen2 model (hidden size 128, 2 layers, 0.35 M parameters) and a tokenizer built here, then a short
-   supervised warm start (`warm_start`) on the training problems written in the answer format. Their solutions
-   come in two styles, as people's do: most give the result at once (`48 + 8 = 56`), some count on one by one
-   (`48 + 8, counting on: 49+7=50+6=...=56`). After the warm start the model has the format and answers at once,
-   and those sums are mostly wrong: greedy accuracy 7-16 % (seeds 0-4 and 42). Sampled at the training
-   temperature it sometimes counts, and its counting is mostly right.
+   supervised warm start (`warm_start`) on the training problems written in the recipe's answer format. Their
+   solutions come in two styles, as people's do: most give the result at once (`48 + 8 = 56`), some count on one
+   by one (`48 + 8, counting on: 49+7=50+6=...=56`). After the warm start the model has the format and answers at
+   once, and those sums are mostly wrong. Sampled at the training temperature it sometimes counts, and its
+   counting is mostly right.
 3. GRPO with the five rewards: counting earns the correctness reward far more often than answering at once, so
-   the model learns to count: greedy accuracy on the held-out problems reaches 69-93 % in 40 steps.
+   the model learns to count, and greedy accuracy on the held-out problems rises (the README gives the figures).
 
-Why a choice between two ways of answering rather than arithmetic alone: measured here, 100 GRPO steps on sums
-answered at once moved greedy accuracy by 2 points, since each of hundreds of sums is rewarded only when sampled
-right; how to answer is one decision shared by every problem, which GRPO learns in a few dozen steps, as it does
-at scale (longer, more careful reasoning, where that is what earns the reward).
+Why a choice between two ways of answering rather than arithmetic alone: each of hundreds of sums answered at once
+would be rewarded only when sampled right, while how to answer is one decision shared by every problem, which GRPO
+learns in a few dozen steps, as it does at scale (longer, more careful reasoning, where that earns the reward).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ ASSETS_DIR = "outputs/demo-assets"
 MODEL_DIR = f"{ASSETS_DIR}/warm-qwen2"
 DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"
 
-DEMO_DEFAULTS = dict(
+DEFAULTS = dict(
     model_name_or_path=MODEL_DIR,
     dataset=DATA_DIR,
     output_dir="outputs/demo-GRPO",
@@ -116,16 +115,14 @@ def make_problems(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     return train, test
 
 
-def build_tokenizer(rows: list[dict]):
+def build_tokenizer(answer_format, rows: list[dict]):
     """smoke's tokenizer, trained on the prompts and solutions with their digits left out, so that every digit
     stays a token of its own: a tiny model learns sums of digits far sooner than sums of arbitrary digit chunks."""
-    import grpo_demo
-
-    texts = [grpo_demo.SYSTEM_PROMPT] + [r["question"] for r in rows] + [smoke.formatted_solution(r) for r in rows]
-    return smoke.build_tokenizer([re.sub(r"\d", "", text) for text in texts])
+    texts = smoke.corpus(answer_format, rows)
+    return smoke.build_tokenizer([re.sub(r"\d", "", text) for text in texts], answer_format.tags)
 
 
-def warm_start(model, tokenizer, rows: list[dict], steps: int = WARM_STEPS, seed: int = 0):
+def warm_start(model, tokenizer, answer_format, rows: list[dict], steps: int = WARM_STEPS, seed: int = 0):
     """Supervised fine-tuning on (recipe prompt, formatted solution + end of turn), loss on the solution only.
 
     AdamW at up to WARM_LR (linear warmup over WARM_WARMUP steps, then cosine decay to 0), batches of WARM_BATCH
@@ -133,17 +130,16 @@ def warm_start(model, tokenizer, rows: list[dict], steps: int = WARM_STEPS, seed
     """
     import torch
 
-    import grpo_demo
-
     prompts = [
-        tokenizer.apply_chat_template(grpo_demo.chat_prompt(r["question"]), add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(
+            answer_format.chat_prompt(r["question"]), add_generation_prompt=True, tokenize=False
+        )
         for r in rows
     ]
     # The trainer generates after the prompt's tokens, so the solution is tokenized on its own, as generated.
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    solution_ids = tokenizer([smoke.formatted_solution(r).rstrip("\n") for r in rows], add_special_tokens=False)[
-        "input_ids"
-    ]
+    solutions = [answer_format.gsm8k_solution(r["answer"]).rstrip("\n") for r in rows]
+    solution_ids = tokenizer(solutions, add_special_tokens=False)["input_ids"]
     examples = [(p, s + [tokenizer.eos_token_id]) for p, s in zip(prompt_ids, solution_ids, strict=True)]
 
     torch.manual_seed(seed)
@@ -182,7 +178,7 @@ def warm_start(model, tokenizer, rows: list[dict], steps: int = WARM_STEPS, seed
     return model.eval()
 
 
-def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
+def prepare(answer_format, model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
     """Write the generated problems and the warm-started model wherever the demo defaults still point at them;
     with `fresh`, clear the preset's own output folder first (no other folder is ever cleared).
 
@@ -194,7 +190,7 @@ def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, 
     import torch
 
     torch.set_num_threads(1)
-    if fresh and output_dir == DEMO_DEFAULTS["output_dir"] and Path(output_dir).exists():
+    if fresh and output_dir == DEFAULTS["output_dir"] and Path(output_dir).exists():
         logger.warning("--demo starts afresh: replacing %s", output_dir)
         shutil.rmtree(output_dir)
     train, test = make_problems(N_TRAIN, N_TEST, seed)
@@ -212,15 +208,16 @@ def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, 
         "warm_lr": WARM_LR,
         "warm_batch": WARM_BATCH,
         "warm_warmup": WARM_WARMUP,
+        "answer_format": answer_format.solution_template,  # a warm start in other tags teaches the wrong format
     }
     stamp = Path(model_dir) / "warm_start.json"
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == made_with:
         logger.info("Reusing the warm-started model in %s", model_dir)
         return
-    tokenizer = build_tokenizer(train)
+    tokenizer = build_tokenizer(answer_format, train)
     model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS)
     logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))
-    warm_start(model, tokenizer, train, WARM_STEPS, seed)
+    warm_start(model, tokenizer, answer_format, train, WARM_STEPS, seed)
     tokenizer.save_pretrained(model_dir)
     model.save_pretrained(model_dir)
     stamp.write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")

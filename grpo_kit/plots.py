@@ -3,7 +3,7 @@
 - Rewards: the mean of each reward and of their total per optimizer step (thin: as logged; thick: moving average).
 - Completion length: mean tokens per completion; a model that learns to reason longer shows it here.
 - Accuracy, where the run measured it: greedy accuracy on the test split during training (`eval_accuracy_*` in the
-  log history, from `evaluate.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries).
+  log history, from `evaluation.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+
+from grpo_kit.reports import read_summary
 
 logger = logging.getLogger("grpo_demo")
 
@@ -52,6 +54,21 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
 
     Returns the picture's path, or None (nothing drawn) when the folder holds no trainer state.
     """
+    fig = curves_figure(output_dir, title)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    path = Path(output_dir) / FILE_NAME
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    logger.info("Curves drawn in %s", path)
+    return path
+
+
+def curves_figure(output_dir: str | Path, title: str | None = None):
+    """The curves as a matplotlib figure (one panel each: rewards, completion length where logged, accuracy where
+    measured), or None when the folder holds no trainer state."""
     output_dir = Path(output_dir)
     state = _read_json(output_dir / "trainer_state.json")
     if state is None:
@@ -60,7 +77,7 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
     history = state.get("log_history", [])
     steps = [e for e in history if "reward" in e and "step" in e]  # one entry per optimizer step
     measured = [e for e in history if any(_measured(e, key) is not None for key, *_ in ACCURACY_LINES)]
-    before, after = (_read_json(output_dir / "eval" / name / "summary.json") for name in ("baseline", "final"))
+    before, after = (read_summary(output_dir, name) for name in ("baseline", "final"))
     last_step = state.get("global_step") or max((e["step"] for e in history if "step" in e), default=0)
 
     import matplotlib
@@ -87,11 +104,7 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, however few
     fig.suptitle(title or f"{output_dir.name}: GRPO training", fontsize=12)
     fig.tight_layout()
-    path = output_dir / FILE_NAME
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    logger.info("Curves drawn in %s", path)
-    return path
+    return fig
 
 
 def _plot_smoothed(ax, steps: list[dict], lines: list[tuple[str, str, str, float]]) -> int:

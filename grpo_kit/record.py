@@ -66,7 +66,7 @@ def data_fingerprint(dataset) -> str:
     return digest.hexdigest()
 
 
-def write_run_record(output_dir: str, settings: dict, dataset, seed: int) -> dict:
+def write_run_record(output_dir: str, settings: dict, dataset, seed: int, model: dict | None = None) -> dict:
     """Write `<output_dir>/run_record.json` and return it."""
     record = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -76,6 +76,7 @@ def write_run_record(output_dir: str, settings: dict, dataset, seed: int) -> dic
         "versions": package_versions(),
         "hardware": hardware(),
         "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)},
+        "model": model,
         "settings": {name: _plain(value) for name, value in settings.items()},
     }
     path = Path(output_dir) / RECORD_NAME
@@ -92,11 +93,29 @@ def _plain(args) -> dict:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
 
 
-def link_to_wandb(record: dict, output_dir: str):
-    """A callback that puts the record's path, data fingerprint and commit into the wandb run config."""
+def model_facts(model) -> dict:
+    """What the trainer actually loaded: the weights' dtypes, the attention implementation, trainable parameters."""
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    return {
+        "weights_dtype": sorted({str(p.dtype).removeprefix("torch.") for p in params}),
+        "trainable_dtype": sorted({str(p.dtype).removeprefix("torch.") for p in trainable}),
+        "attention": getattr(model.config, "_attn_implementation", None),
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in trainable),
+    }
+
+
+def start(trainer, settings: dict, dataset) -> dict | None:
+    """Write the run record (main process), link it from wandb, and note peak GPU memory into it at the end."""
     from transformers import TrainerCallback
 
-    class RunRecordToWandb(TrainerCallback):
+    args = trainer.args
+    if not trainer.accelerator.is_main_process:
+        return None
+    record = write_run_record(args.output_dir, settings, dataset, args.seed, model_facts(trainer.model))
+
+    class RunRecordCallbacks(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             try:
                 import wandb
@@ -105,11 +124,33 @@ def link_to_wandb(record: dict, output_dir: str):
             if wandb.run is not None:
                 wandb.run.config.update(
                     {
-                        "run_record": str(Path(output_dir).resolve() / RECORD_NAME),
+                        "run_record": str(Path(args.output_dir).resolve() / RECORD_NAME),
                         "data_sha256": record["data"]["sha256"],
                         "recipe_commit": record["recipe"]["commit"],
                     },
                     allow_val_change=True,
                 )
 
-    return RunRecordToWandb()
+        def on_train_end(self, args, state, control, **kwargs):
+            memory = peak_gpu_memory()
+            if memory:
+                logger.info("Peak GPU memory: %.1f GiB allocated by torch, %.1f GiB reserved", *memory.values())
+                record["peak_gpu_memory_gib"] = memory
+                path = Path(args.output_dir) / RECORD_NAME
+                path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+
+    trainer.add_callback(RunRecordCallbacks())
+    return record
+
+
+def peak_gpu_memory() -> dict | None:
+    """Peak GPU memory of this process since it started, as torch's allocator counts it: the model, gradients,
+    optimizer, activations, evaluation, and vLLM's weights and KV cache when it runs colocated in this process."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return {
+        "allocated": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "reserved": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+    }

@@ -1,7 +1,8 @@
 """The offline preset: GSM8K-format problems generated here and a tiny Qwen2 model built from a config.
 
 `python grpo_demo.py --smoke` points the recipe at what `prepare` writes, so the run takes the same code path
-as a real one (data prep, rewards, GRPOTrainer, checkpoints) without a GPU, a download or a login.
+as a real one (data prep, rewards, GRPOTrainer, checkpoints, evaluation) without a GPU, a download or a login.
+The tokenizer is built for the recipe's own answer format (its tags are single tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ ASSETS_DIR = "outputs/smoke-assets"
 MODEL_DIR = f"{ASSETS_DIR}/tiny-qwen2"
 DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"
 
-SMOKE_DEFAULTS = dict(
+DEFAULTS = dict(
     model_name_or_path=MODEL_DIR,
     dataset=DATA_DIR,
     output_dir="outputs/smoke-GRPO",
@@ -115,24 +116,23 @@ def write_gsm8k_folder(path: str | Path, n_train: int = 64, n_test: int = 32, se
     return write_splits(path, make_problems(n_train, seed), make_problems(n_test, seed + 1))
 
 
-def formatted_solution(row: dict) -> str:
-    """A GSM8K row's solution in the recipe's answer format."""
-    import grpo_demo
+def corpus(answer_format, rows: list[dict]) -> list[str]:
+    """The texts a tokenizer for `rows` is trained on: their prompts and their solutions in `answer_format`."""
+    instructions = [text for text in answer_format.prompt_texts("") if text]  # the system prompt
+    return (
+        instructions + [row["question"] for row in rows] + [answer_format.gsm8k_solution(row["answer"]) for row in rows]
+    )
 
-    reasoning, _, answer = row["answer"].rpartition("####")
-    return grpo_demo.XML_COT_FORMAT.format(reasoning=reasoning.strip(), answer=answer.strip())
 
-
-def build_tokenizer(corpus: list[str], vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on `corpus`, with a ChatML template.
+def build_tokenizer(corpus: list[str], tags: tuple[str, ...], vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on `corpus`, with a ChatML template; `tags` are the answer format's
+    (reasoning open / close, answer open / close).
 
     The answer-format tags (with their newlines) are single tokens, as `<think>` is in recent chat models: a tiny
     model then meets the format in a handful of samples instead of thousands.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    import grpo_demo
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -150,7 +150,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512):
         pad_token="<|endoftext|>",
         chat_template=CHAT_TEMPLATE,
     )
-    r_open, r_close, a_open, a_close = grpo_demo.R_OPEN, grpo_demo.R_CLOSE, grpo_demo.A_OPEN, grpo_demo.A_CLOSE
+    r_open, r_close, a_open, a_close = tags
     fast.add_tokens([f"{r_open}\n", f"\n{r_close}\n", f"{a_open}\n", f"\n{a_close}"])
     return fast
 
@@ -177,20 +177,16 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
     return Qwen2ForCausalLM(config)
 
 
-def prepare(model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
+def prepare(answer_format, model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
     """Write the generated problems and the tiny model wherever the smoke defaults still point at them; with
     `fresh`, clear the preset's own output folder first (no other folder is ever cleared)."""
-    import grpo_demo
-
-    if fresh and output_dir == SMOKE_DEFAULTS["output_dir"] and Path(output_dir).exists():
+    if fresh and output_dir == DEFAULTS["output_dir"] and Path(output_dir).exists():
         logger.warning("--smoke starts afresh: replacing %s", output_dir)
         shutil.rmtree(output_dir)
-    rows = make_problems(256, seed)
     if data_dir == DATA_DIR:
         write_gsm8k_folder(data_dir, seed=seed)
     if model_dir == MODEL_DIR:
-        corpus = [grpo_demo.SYSTEM_PROMPT] + [r["question"] for r in rows] + [formatted_solution(r) for r in rows]
-        tokenizer = build_tokenizer(corpus)
+        tokenizer = build_tokenizer(corpus(answer_format, make_problems(256, seed)), answer_format.tags)
         model = build_tiny_model(tokenizer, seed)
         tokenizer.save_pretrained(model_dir)
         model.save_pretrained(model_dir)

@@ -1,4 +1,4 @@
-"""Shared helpers: run the recipe as a user would, offline, in a scratch folder."""
+"""Shared helpers: the recipe run as a user runs it (offline, in a scratch folder), and a tiny model in its format."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARD_NAMES = [
@@ -15,6 +17,7 @@ REWARD_NAMES = [
     "int_reward_func",
     "correctness_reward_func",
 ]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # on 2 shared cores, torch's thread pools fight: 5-20x slower
 
 
 def offline_env(home: Path, **extra: str) -> dict[str, str]:
@@ -27,20 +30,82 @@ def offline_env(home: Path, **extra: str) -> dict[str, str]:
         HF_DATASETS_OFFLINE="1",
         PYTHONPATH=str(ROOT),
         PYTHONUNBUFFERED="1",
+        **ONE_THREAD,
         **extra,
     )
     return env
 
 
-def run_recipe(args: list[str], cwd: Path, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
-    """`python grpo_demo.py ARGS` in `cwd`, offline; stdout and stderr captured together."""
+def run_recipe(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py", timeout: int = 900, **env: str):
+    """`python grpo_demo.py ARGS` (or another recipe file) in `cwd`, offline; stdout and stderr captured together."""
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [sys.executable, str(ROOT / "grpo_demo.py"), *args],
+        [sys.executable, str(script), *args],
         cwd=cwd,
         env=offline_env(cwd, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One torch thread in the test process too (see ONE_THREAD)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(tokenizer, model): the smoke preset's tiny Qwen2 and tokenizer, in the recipe's answer format."""
+    import grpo_demo
+    from grpo_kit import smoke
+
+    rows = smoke.make_problems(64)
+    tokenizer = smoke.build_tokenizer(smoke.corpus(grpo_demo.ANSWER_FORMAT, rows), grpo_demo.ANSWER_FORMAT.tags)
+    return tokenizer, smoke.build_tiny_model(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny, tmp_path_factory):
+    """The tiny model and its tokenizer saved in a folder, as a model on disk."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tokenizer, model = tiny
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir(tmp_path_factory):
+    """A folder of generated GSM8K-format problems: 64 train, 32 test."""
+    from grpo_kit import smoke
+
+    return smoke.write_gsm8k_folder(tmp_path_factory.mktemp("gsm8k"), n_train=64, n_test=32)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A machine that says it has an Ampere-or-newer CUDA GPU with flash-attn installed, for settings only: nothing
+    is placed on it, and the trainer's arguments (which would set up the device) are not built."""
+    import importlib.util
+    import sys
+    import types
+
+    import torch
+    import trl  # noqa: F401  (imported first: its import-time checks must see the real machine)
+    from trl import GRPOConfig, ModelConfig  # noqa: F401
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else find_spec(name, *a)
     )

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 
+import pytest
 import torch
 from conftest import REWARD_NAMES, run_recipe
 from transformers import AutoTokenizer
 
 import grpo_demo
-from grpo_kit import demo, smoke
+from grpo_kit import demo
+
+FMT = grpo_demo.ANSWER_FORMAT
 
 FULL_REWARD = 4.0  # xmlcount 0.5 + soft 0.5 + strict 0.5 + int 0.5 + correctness 2.0
 
@@ -44,7 +46,7 @@ def test_solutions_count_on_and_back_to_the_result():
 def test_warm_start_targets_earn_every_reward():
     """The warm start teaches exactly what the rewards pay for: both styles, formatted, earn the full 4.0."""
     train, _ = demo.make_problems(200, 10)
-    completions = [[{"role": "assistant", "content": smoke.formatted_solution(r).rstrip("\n")}] for r in train]
+    completions = [[{"role": "assistant", "content": FMT.gsm8k_solution(r["answer"]).rstrip("\n")}] for r in train]
     answers = [grpo_demo.extract_hash_answer(r["answer"]) for r in train]
     totals = [0.0] * len(train)
     for func in grpo_demo.REWARD_FUNCS:
@@ -57,8 +59,8 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the demo's one thread: not for the whole session
     monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
-    d = demo.DEMO_DEFAULTS
-    demo.prepare(d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+    d = demo.DEFAULTS
+    demo.prepare(FMT, d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
     model_dir = tmp_path / demo.MODEL_DIR
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
     assert json.loads((model_dir / "warm_start.json").read_text())["warm_steps"] == 3
@@ -68,7 +70,7 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     # Every solution, the longest counting ones included, fits in max_completion_length with its end of turn.
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = [
-        smoke.formatted_solution({"answer": f"{style}\n#### {result}"}).rstrip("\n")
+        FMT.gsm8k_solution(f"{style}\n#### {result}").rstrip("\n")
         for a in range(10, 100)
         for b in range(1, 10)
         for op in "+-"
@@ -78,31 +80,31 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     longest = max(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert longest <= d["max_completion_length"]
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
-        demo.prepare(d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
     assert "Reusing the warm-started model" in caplog.text
 
 
+@pytest.mark.slow
 def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     """The whole demo as documented, fixed seed (the preset's): greedy strict accuracy on 256 held-out problems
-    rises by at least 15 points from the warm-started model to the GRPO-trained one, keeping the format."""
-    start = time.monotonic()
-    result = run_recipe(["--demo"], cwd=tmp_path, timeout=900)
-    elapsed = time.monotonic() - start
+    rises from the warm-started model to the GRPO-trained one, keeping the format. Measured: 7.4 -> 69.1 % on one
+    machine, 10.5 -> 72.7 % on two others (float sums differ between CPUs); the bounds sit ~15 points below."""
+    result = run_recipe(["--demo"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
     run = tmp_path / "outputs" / "demo-GRPO"
     comparison = json.loads((run / "eval" / "comparison.json").read_text())
     before, after = comparison["baseline"], comparison["final"]
-    assert before["n"] == after["n"] >= 200
-    assert before["format_rate"] >= 0.9  # the warm start taught the format...
-    assert before["accuracy_strict"] <= 0.4  # ...but not yet the sums
+    assert before["n"] == after["n"] == demo.N_TEST
+    assert before["format_rate"] >= 0.95  # the warm start taught the format...
+    assert before["accuracy_strict"] <= 0.2  # ...but not yet the sums
     rise = after["accuracy_strict"] - before["accuracy_strict"]
-    assert rise >= 0.15, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
-    assert after["format_rate"] >= 0.9
+    assert rise >= 0.45, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
+    assert after["accuracy_strict"] >= 0.55 and after["format_rate"] >= 0.95
+    assert after["mean_completion_tokens"] > before["mean_completion_tokens"] + 10  # it learned to count
 
     state = json.loads((run / "trainer_state.json").read_text())
     steps = [e for e in state["log_history"] if "reward" in e]
-    assert len(steps) == demo.DEMO_DEFAULTS["max_steps"]
+    assert len(steps) == demo.DEFAULTS["max_steps"]
     assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
-    assert any("eval_accuracy_strict" in e for e in state["log_history"])  # measured during training too
-    assert (run / "curves.png").stat().st_size > 10_000
-    assert elapsed < 240, f"--demo took {elapsed:.0f} s (about 100 s on two idle cores)"
+    measured = [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e]
+    assert measured == list(range(5, 41, 5))  # every 5 steps, for the curves

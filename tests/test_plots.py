@@ -69,6 +69,35 @@ def test_run_with_accuracy_and_before_after(tmp_path):
     assert 20_000 < path.stat().st_size < 200_000  # drawn, and small enough for the README
 
 
+def lines_by_label(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_the_curves_are_the_logged_values(tmp_path):
+    """Each panel draws what the run logged: rewards and their total (moving average), length, accuracy."""
+    write_state(tmp_path, steps=30, accuracy_every=10)
+    write_summary(tmp_path, "baseline", 0.2)
+    write_summary(tmp_path, "final", 0.6)
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    steps = [e for e in history if "reward" in e]
+    rewards, length, accuracy = plots.curves_figure(tmp_path).axes
+
+    window = 2  # 30 steps / 15
+    drawn = lines_by_label(rewards)
+    assert set(drawn) == {"xmlcount", "soft_format", "strict_format", "int", "correctness", "total"}
+    for label, key in (("total", "reward"), ("correctness", f"rewards/{REWARD_NAMES[-1]}/mean")):
+        assert list(drawn[label].get_xdata()) == [e["step"] for e in steps]
+        assert drawn[label].get_ydata() == pytest.approx(plots.moving_average([e[key] for e in steps], window))
+    assert lines_by_label(length)["mean"].get_ydata() == pytest.approx(
+        plots.moving_average([e["completions/mean_length"] for e in steps], window)
+    )
+    strict = lines_by_label(accuracy)["accuracy, strict (answer block)"]
+    assert list(strict.get_xdata()) == [10, 20, 30]
+    assert strict.get_ydata() == pytest.approx([100 / 3, 200 / 3, 100])
+    markers = [(tuple(line.get_xdata()), tuple(line.get_ydata())) for line in accuracy.get_lines()]
+    assert ((0,), (20.0,)) in markers and ((30,), (60.0,)) in markers  # before (step 0) and after (last step)
+
+
 @pytest.mark.parametrize("with_summaries", [False, True])
 def test_run_without_accuracy_metrics(tmp_path, with_summaries):
     """A run with no in-training accuracy (eval_every_steps 0) still gets its reward curves."""

@@ -2,26 +2,22 @@
 
 Tables of inputs, each with a comment saying why it earns what it earns, compared by exact equality
 (pytest.approx only where a penalty of 0.001 per character makes float arithmetic inexact); then properties
-over arbitrary text (never raising, always in range), a bound on time for 1 MB completions, no printing, and
-the `<think>` variant of the recipe, built by editing its one tag constant.
+over arbitrary text (never raising, always in range, on 1 MB adversarial completions too) and no printing. The
+`<think>` variant (one edited constant in a copy of the recipe) is tested where the copy runs: test_runs.py.
+Timing on adversarial input is a benchmark: benchmarks/reward_worst_case.py.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-import time
-import types
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpo_demo
+from benchmarks.reward_worst_case import ADVERSARIAL
 from grpo_demo import (
-    MAX_ANSWER_CHARS,
     REWARD_FUNCS,
     answer_number,
     correctness_reward_func,
@@ -33,9 +29,7 @@ from grpo_demo import (
     strict_format_reward_func,
     xmlcount_reward_func,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-MB = 2**20
+from grpo_kit.numbers import MAX_ANSWER_CHARS
 
 
 def chat(text: str) -> list[dict]:
@@ -335,19 +329,6 @@ def test_correctness_logs_gold_and_extracted_answer():
     assert logged == {"gold": ["18", "7"], "extracted": ["18", ""]}
 
 
-def test_each_reward_documents_its_values():
-    values = {
-        xmlcount_reward_func: ["0.0 to 0.5"],
-        soft_format_reward_func: ["0.5", "0.0"],
-        strict_format_reward_func: ["0.5", "0.0"],
-        int_reward_func: ["0.5", "0.0"],
-        correctness_reward_func: ["2.0", "0.0"],
-    }
-    assert list(values) == REWARD_FUNCS
-    for func, words in values.items():
-        assert all(word in func.__doc__ for word in words), func.__name__
-
-
 def test_rewards_print_nothing(capsys):
     for text in [GOOD, formatted("19"), "", "<answer>", GOOD * 3]:
         for func in REWARD_FUNCS:
@@ -421,86 +402,9 @@ def test_gold_number_outside_the_answer_block_never_pays(gold, before, after, in
 # ----------------------------------------------------------------------------------------------------------------
 # Bounded time on adversarial 1 MB completions
 
-HUGE = {
-    "digits": "1" * MB,
-    "digits in the answer block, then junk": "<answer>" + "1" * MB + "x</answer>",
-    "separated digits in the answer block": "<answer>" + "1,111" * (MB // 5) + ",1</answer>",
-    "repeated '1 '": "1 " * (MB // 2),
-    "repeated '1 ' in the answer block": "<answer>\n" + "1 " * (MB // 2) + "\n</answer>",
-    "repeated formatted completions": GOOD * (MB // len(GOOD)),
-    "repeated opening answer tags": "<answer>" * (MB // 8) + "</answer>",
-    "repeated closing answer tags": "\n</answer>" * (MB // 10),
-    "repeated reasoning blocks": "<reasoning></reasoning>" * (MB // 23),
-    "whitespace after an open tag": "<reasoning>" + " " * MB,
-    "huge format, no newlines": "<reasoning>" + "a" * MB + "</reasoning><answer>" + "1" * MB + "</answer>",
-    "huge strict format": formatted("1" * MB, reasoning="a" * MB),
-    "nested boxes": "<answer>" + "\\boxed{" * (MB // 7) + "</answer>",
-    "newlines": "\n" * MB,
-    "binary junk": bytes(range(256)).decode("latin-1") * (MB // 256),
-}
 
-
-@pytest.mark.parametrize("shape", list(HUGE))
-def test_a_1mb_completion_is_scored_fast(shape):
-    completions, gold = [chat(HUGE[shape])], ["1"]
+@pytest.mark.parametrize("shape", list(ADVERSARIAL))
+def test_a_1mb_adversarial_completion_gets_a_reward_in_range(shape):
     for func in REWARD_FUNCS:
-        best = float("inf")
-        for _ in range(3):  # best of 3: a loaded CI machine adds noise, not cost
-            start = time.perf_counter()
-            func(prompts=[[]], completions=completions, answer=gold)
-            best = min(best, time.perf_counter() - start)
-        assert best < 0.050, f"{func.__name__} took {best * 1e3:.1f} ms on {shape}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The tags are one constant: REASONING_TAG = "think" switches prompt, format and rewards together
-
-
-def load_recipe_with_reasoning_tag(tag: str) -> types.ModuleType:
-    """grpo_demo.py as a fresh module, its `REASONING_TAG = "reasoning"` line edited to `tag`."""
-    path = ROOT / "grpo_demo.py"
-    source = path.read_text(encoding="utf-8")
-    line = 'REASONING_TAG = "reasoning"'
-    assert source.count(line) == 1
-    name = f"grpo_demo_with_{tag}_tag"
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module  # dataclasses look their module up while the source runs
-    try:
-        exec(compile(source.replace(line, f'REASONING_TAG = "{tag}"'), str(path), "exec"), module.__dict__)
-    finally:
-        del sys.modules[name]
-    return module
-
-
-@pytest.fixture(scope="module")
-def think():
-    return load_recipe_with_reasoning_tag("think")
-
-
-THINK_GOOD = "<think>\nSome steps.\n</think>\n<answer>\n18\n</answer>\n"
-
-
-def test_think_tag_switches_the_prompt_and_format(think):
-    assert (
-        think.SYSTEM_PROMPT == "\nRespond in the following format:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
-    )
-    assert think.XML_COT_FORMAT.format(reasoning="Some steps.", answer="18") == THINK_GOOD
-    assert grpo_demo.XML_COT_FORMAT.format(reasoning="Some steps.", answer="18") == GOOD  # the original is untouched
-
-
-THINK_REWARDS = [  # (reward name, <think> completion's reward, <reasoning> completion's reward)
-    ("xmlcount_reward_func", 0.5, 0.25),  # the reasoning tags no longer count
-    ("soft_format_reward_func", 0.5, 0.0),  # a <reasoning> block is no longer the format
-    ("strict_format_reward_func", 0.5, 0.0),  # ditto
-    ("int_reward_func", 0.5, 0.5),  # reads only the answer block, whose tag is unchanged
-    ("correctness_reward_func", 2.0, 2.0),  # ditto
-]
-
-
-@pytest.mark.parametrize("name, think_reward, reasoning_reward", THINK_REWARDS)
-def test_think_tag_switches_every_reward(think, name, think_reward, reasoning_reward):
-    func = getattr(think, name)
-    assert func in think.REWARD_FUNCS
-    assert score(func, THINK_GOOD) == think_reward
-    assert score(func, GOOD) == reasoning_reward
+        (value,) = func(prompts=[[]], completions=[chat(ADVERSARIAL[shape])], answer=["1"])
+        assert type(value) is float and in_range(func, value), (func.__name__, value)

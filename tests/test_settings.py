@@ -1,36 +1,66 @@
-"""The recipe's settings: the reference's hyperparameters as defaults, overridable from YAML and the command line."""
+"""Settings: the reference's hyperparameters as defaults, overridable from YAML and the command line; every value that
+cannot work is named before anything loads; the attention that can run is chosen; configs and pins for scale."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 import grpo_demo
+from grpo_kit import checks, settings
+
+TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch, tmp_path):
+    """One process, no DeepSpeed, and a scratch working folder (outputs/ is relative)."""
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def resolved(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> types.SimpleNamespace:
+    """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
+    values = settings.resolve(argv, grpo_demo.recipe_defaults(), answer_format, grpo_demo.REWARD_FUNCS)
+    return types.SimpleNamespace(**values)
+
+
+def refused(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> str:
+    """The message the recipe stops with for `argv` (it must stop)."""
+    with pytest.raises(SystemExit) as stop:
+        resolved(argv, answer_format)
+    return str(stop.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Defaults and their overrides
 
 
 def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
-    _, args, model_args = grpo_demo.parse_settings([])
+    run, args, model_args = grpo_demo.parse_settings([])
     assert model_args.model_name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (args.learning_rate, args.adam_beta1, args.adam_beta2, args.weight_decay) == (5e-6, 0.9, 0.99, 0.1)
     assert args.warmup_steps == 0.1  # a ratio: 10 % of the run
-    assert args.lr_scheduler_type == "cosine"
-    assert args.logging_steps == 1
-    assert args.num_generations == 16
-    assert args.max_completion_length == 786
-    assert args.num_train_epochs == 1
-    assert args.save_steps == 100
-    assert args.max_grad_norm == 0.1
-    assert args.report_to == ["wandb"]
+    assert (args.lr_scheduler_type, args.logging_steps, args.num_train_epochs) == ("cosine", 1, 1)
+    assert (args.num_generations, args.max_completion_length, args.temperature) == (16, 786, 0.9)
+    assert (args.save_steps, args.max_grad_norm, args.report_to) == (100, 0.1, ["wandb"])
     # One prompt's 16 completions per device step, 4 accumulated steps: 4 prompts per optimizer step.
-    assert args.per_device_train_batch_size == 16
-    assert args.gradient_accumulation_steps == 4
-    assert args.generation_batch_size == 64
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (16, 4)
     assert args.generation_batch_size // args.num_generations == 4
-    assert args.bf16 == torch.cuda.is_available()
-    assert args.output_dir == "outputs/Qwen-1.5B-GRPO"
-    assert args.run_name == "Qwen-1.5B-GRPO-gsm8k"
+    assert (args.output_dir, args.run_name) == ("outputs/Qwen-1.5B-GRPO", "Qwen-1.5B-GRPO-gsm8k")
+    assert run.max_prompt_tokens == 256 and run.final_eval and run.eval_every_steps == 50
+    assert (model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout) == (16, 64, 0.05)
+    assert set(model_args.lora_target_modules) == TARGETS
+    assert args.trust_remote_code is False
 
 
 @pytest.mark.parametrize(
@@ -44,55 +74,310 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
 )
 def test_output_folder_and_run_name_follow_the_model(tmp_path, model, output_dir, run_name):
     (tmp_path / "my-local-model").mkdir()
-    _, args, _ = grpo_demo.parse_settings(["--model_name_or_path", model.format(tmp=tmp_path)])
-    assert (args.output_dir, args.run_name) == (output_dir, run_name)
+    chosen = resolved(["--model_name_or_path", model.format(tmp=tmp_path)])
+    assert (chosen.output_dir, chosen.run_name) == (output_dir, run_name)
 
 
 def test_editing_the_model_constant_swaps_the_model_and_its_names(monkeypatch):
     monkeypatch.setattr(grpo_demo, "MODEL_NAME", "meta-llama/Llama-3.2-1B-Instruct")
-    _, args, model_args = grpo_demo.parse_settings([])
-    assert model_args.model_name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
-    assert args.output_dir == "outputs/Llama-1B-GRPO"
+    chosen = resolved([])
+    assert (chosen.model_name_or_path, chosen.output_dir) == (
+        "meta-llama/Llama-3.2-1B-Instruct",
+        "outputs/Llama-1B-GRPO",
+    )
 
 
 def test_yaml_overrides_defaults_and_the_command_line_overrides_yaml(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "model_name_or_path: meta-llama/Llama-3.2-1B-Instruct\nlearning_rate: 1.0e-6\nmax_steps: 7\nbeta: 0.04\n"
+        "env:\n  GRPO_TEST_VARIABLE: set-by-yaml\n"
     )
     _, args, model_args = grpo_demo.parse_settings(["--config", str(recipe), "--max_steps", "9"])
     assert model_args.model_name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
     assert args.output_dir == "outputs/Llama-1B-GRPO"
     assert (args.learning_rate, args.beta, args.max_steps) == (1e-6, 0.04, 9)
     assert args.num_generations == 16  # untouched defaults stay the recipe's
+    assert __import__("os").environ.pop("GRPO_TEST_VARIABLE") == "set-by-yaml"
 
 
-def test_an_explicit_output_dir_wins_over_the_model_name():
-    _, args, _ = grpo_demo.parse_settings(["--output_dir", "elsewhere", "--run_name", "mine"])
-    assert (args.output_dir, args.run_name) == ("elsewhere", "mine")
+def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
+    chosen = resolved(["--smoke", "--output_dir", "elsewhere", "--run_name", "mine"])
+    assert (chosen.output_dir, chosen.run_name) == ("elsewhere", "mine")
+    assert resolved(["--smoke"]).output_dir == "outputs/smoke-GRPO"  # the preset's own folder otherwise
 
 
-def test_cpu_loads_fp32_sdpa(monkeypatch):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rate: [1, 2\n", "not a readable YAML file"),
+        ("- just\n- a list\n", "expected a mapping of setting: value"),
+        ("no_such_field: 3\n", "Unknown settings: ['--no_such_field', '3']"),
+    ],
+)
+def test_a_bad_config_file_is_named(tmp_path, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    assert message in refused(["--config", str(tmp_path / "bad.yaml")])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What cannot work is named before anything loads
+
+
+def test_every_invalid_setting_is_named_at_once(tmp_path):
+    message = refused(
+        [
+            "--num_generations", "1",
+            "--max_completion_length", "0",
+            "--max_prompt_tokens", "-5",
+            "--reward_weights", "1.0", "2.0",
+            "--dataset", str(tmp_path / "missing"),
+            "--model_name_or_path", "./no-such-model",
+        ]
+    )  # fmt: skip
+    for expected in (
+        "num_generations=1: GRPO compares completions within a group, so it needs at least 2",
+        "max_completion_length=0: must be a positive number",
+        "max_prompt_tokens=-5: must be a positive number",
+        "reward_weights has 2 values for 5 rewards: give 5",
+        f"dataset={tmp_path / 'missing'}: no train.jsonl there",
+        "model_name_or_path=./no-such-model: no such folder",
+    ):
+        assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--per_device_train_batch_size", "10"],
+            "generation batch 40 completions (per_device_train_batch_size 10 x 1 process(es) x 4 steps) is not "
+            "divisible by num_generations=16: use --per_device_train_batch_size 16",
+        ),
+        (["--generation_batch_size", "24"], "generation batch 24 completions"),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0: must be at least 1"),
+        (["--eval_batch_size", "0"], "eval_batch_size=0: must be at least 1"),
+        (["--eval_every_steps", "-1"], "eval_every_steps=-1: 0 turns in-training accuracy off"),
+        (["--resume_from_checkpoint", "nowhere/checkpoint-5"], "resume_from_checkpoint=nowhere/checkpoint-5: no such"),
+        (["--no_such_setting", "3"], "Unknown settings: ['--no_such_setting', '3']"),
+        (["--smoke", "--demo"], "--smoke and --demo are presets of their own: choose one"),
+        (["--use_peft", "--lora_r", "0"], "lora_r=0: the adapter's rank must be at least 1"),
+        (["--ask", " "], "ask is empty: give the question to answer"),
+    ],
+)
+def test_each_invalid_setting_has_its_own_message(args, message):
+    assert message in refused(args)
+
+
+def test_bad_tag_names_in_an_edited_format_are_refused():
+    edited = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<my tag>", "</my tag>", "<answer>", "</answer>"))
+    assert "answer format tag '<my tag>': a tag is '<' a letter" in refused([], edited)
+    same = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<a>", "</a>", "<a>", "</a>"))
+    assert "the reasoning and answer tags are both '<a>'" in refused([], same)
+
+
+def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
+    (tmp_path / "run" / "checkpoint-300").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint-300" / "trainer_state.json").write_text("{}")
+    message = refused(["--output_dir", str(tmp_path / "run")])
+    assert "already holds checkpoint-300: resume it with --resume_from_checkpoint latest" in message
+    assert "or start a new run with another --output_dir" in message
+    chosen = resolved(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(tmp_path / "run" / "checkpoint-300")  # the newest, found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# LoRA, QLoRA, vLLM and several processes
+
+
+@pytest.fixture
+def gpu_extras(fake_cuda, monkeypatch):
+    """A CUDA machine with the GPU extras installed, as far as the checks can tell."""
+    versions = {"vllm": "0.30.0", "bitsandbytes": "0.50.2", "flash-attn": "2.8.3"}
+    monkeypatch.setattr(checks, "installed_version", versions.get)
+    return versions
+
+
+def test_use_peft_turns_on_the_references_lora():
+    from trl import get_peft_config, get_quantization_config
+
+    _, _, model_args = grpo_demo.parse_settings(["--use_peft"])
+    lora = get_peft_config(model_args)
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout, set(lora.target_modules)) == (16, 64, 0.05, TARGETS)
+    assert get_quantization_config(model_args) is None  # plain LoRA: the base stays in full precision
+    _, _, model_args = grpo_demo.parse_settings([])
+    assert get_peft_config(model_args) is None  # full fine-tuning unless asked
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--load_in_4bit"], "load_in_4bit: a quantized base model cannot be trained itself, only adapters on it: "),
+        (
+            ["--use_peft", "--load_in_4bit"],
+            "load_in_4bit needs a CUDA GPU (bitsandbytes' quantized kernels) and this machine has none: "
+            "drop --load_in_4bit and train LoRA in full precision with --use_peft alone",
+        ),
+        (["--use_peft", "--load_in_8bit"], "load_in_8bit needs a CUDA GPU"),
+        (["--use_peft", "--load_in_4bit", "--load_in_8bit"], "load_in_4bit and load_in_8bit are both set: choose one"),
+    ],
+)
+def test_quantization_this_machine_cannot_run_is_named(monkeypatch, args, message):
+    monkeypatch.setattr(checks, "cuda_available", lambda: False)
+    assert message in refused(args)
+
+
+def test_qlora_without_bitsandbytes_names_the_gpu_requirements(gpu_extras):
+    del gpu_extras["bitsandbytes"]
+    assert "needs bitsandbytes, which is not installed: pip install -r requirements-gpu.txt" in refused(
+        ["--use_peft", "--load_in_4bit"]
+    )
+
+
+def test_qlora_under_zero3_needs_a_float_storage_dtype(gpu_extras, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    assert "add --bnb_4bit_quant_storage bfloat16" in refused(["--use_peft", "--load_in_4bit"])
+    assert resolved(["--use_peft", "--load_in_4bit", "--bnb_4bit_quant_storage", "bfloat16"]).load_in_4bit
+
+
+def test_qlora_with_vllm_is_refused_with_the_alternatives(gpu_extras):
+    message = refused(["--use_peft", "--load_in_4bit", "--use_vllm"])
+    assert "load_in_4bit with use_vllm: every weight sync would merge the adapter into the quantized base" in message
+    assert "drop --use_vllm (generate with transformers), or drop --load_in_4bit" in message
+    assert resolved(["--use_peft", "--use_vllm"]).use_vllm  # LoRA on the bf16 base with vLLM is fine
+
+
+def test_continuous_batching_that_would_cast_fp32_weights_to_bf16_is_refused(gpu_extras):
+    message = refused(["--use_transformers_continuous_batching", "true"])
+    assert "TRL casts the model to bf16 in place before each such generation" in message
+    assert resolved(["--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"])  # nothing to lose
+
+
+def test_use_vllm_without_vllm_names_the_gpu_requirements(monkeypatch):
+    monkeypatch.setattr(checks, "installed_version", lambda package: None)
+    assert "use_vllm: vllm is not installed: pip install -r requirements-gpu.txt" in refused(["--use_vllm"])
+
+
+@pytest.mark.parametrize(
+    ("args", "vllm", "message"),
+    [
+        (["--use_vllm"], "0.33.0", "use_vllm: vllm 0.33.0 is installed, TRL 1.16 works with 0.22.0 to 0.31.0"),
+        (["--use_vllm", "--vllm_mode", "remote"], "0.30.0", "vllm_mode=remote: 'colocate'"),
+        (["--use_vllm", "--vllm_gpu_memory_utilization", "1.5"], "0.30.0", "vllm_gpu_memory_utilization=1.5"),
+    ],
+)
+def test_vllm_settings_that_cannot_work_are_named(gpu_extras, args, vllm, message):
+    gpu_extras["vllm"] = vllm
+    assert message in refused(args)
+
+
+def test_evaluation_only_under_several_processes(gpu_extras, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    vllm = refused(["--eval_only", "--use_vllm", "--per_device_train_batch_size", "4"])
+    assert "eval_only with use_vllm runs one vLLM engine, in one process: start it with python" in vllm
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    zero3 = refused(["--eval_only", "--per_device_train_batch_size", "4"])
+    assert "eval_only under DeepSpeed ZeRO-3 would shard the weights it only reads" in zero3
+    assert "--config_file configs/ddp.yaml" in zero3
+    # Training under ZeRO-3 keeps its evaluations: they run collectively on every process.
+    assert resolved(["--per_device_train_batch_size", "4"]).eval_every_steps == 50
+
+
+def test_the_recipe_yamls_are_valid_settings_on_a_gpu_box(gpu_extras):
+    chosen = resolved(["--config", str(ROOT / "configs" / "qwen_lora_vllm.yaml")])
+    assert (chosen.use_vllm, chosen.vllm_mode, chosen.use_peft) == (True, "colocate", True)
+    assert chosen.vllm_max_model_length == grpo_demo.MAX_PROMPT_TOKENS + chosen.max_completion_length
+    chosen = resolved(["--config", str(ROOT / "configs" / "qwen_qlora.yaml")])
+    assert (chosen.use_peft, chosen.load_in_4bit, chosen.dtype, chosen.use_vllm) == (True, True, "bfloat16", False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attention: flash-attention where it runs, else sdpa with one warning
+
+
+def test_cpu_runs_sdpa_in_fp32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, args, model_args = grpo_demo.parse_settings([])
-    assert (args.bf16, args.use_cpu) == (False, True)
-    kwargs = grpo_demo.model_init_kwargs(model_args)
-    assert (kwargs["dtype"], kwargs["attn_implementation"]) == ("float32", "sdpa")
+    assert (args.bf16, args.use_cpu, model_args.attn_implementation) == (False, True, "sdpa")
+    assert grpo_demo.weights_dtype(model_args, args) == "float32"
 
 
-@pytest.mark.parametrize(("has_flash_attn", "attention"), [(True, "flash_attention_2"), (False, "sdpa")])
-def test_cuda_loads_bf16_with_flash_attention_when_it_imports(monkeypatch, caplog, has_flash_attn, attention):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(grpo_demo.importlib.util, "find_spec", lambda name: object() if has_flash_attn else None)
-    # No GPU here for the trainer's own device set-up: keep it on the CPU, the model defaults follow "CUDA".
-    _, _, model_args = grpo_demo.parse_settings(["--bf16", "false", "--use_cpu", "true"])
-    assert model_args.dtype == "bfloat16"
+def test_cuda_with_flash_attn_runs_flash_attention(fake_cuda, caplog):
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
-        kwargs = grpo_demo.model_init_kwargs(model_args)
-    assert (kwargs["dtype"], kwargs["attn_implementation"]) == ("bfloat16", attention)
-    assert ("flash-attn is not installed" in caplog.text) == (not has_flash_attn)
+        assert resolved([]).attn_implementation == "flash_attention_2"
+    assert "sdpa" not in caplog.text
 
 
-def test_an_explicit_dtype_wins():
-    _, _, model_args = grpo_demo.parse_settings(["--dtype", "float16"])
-    assert grpo_demo.model_init_kwargs(model_args)["dtype"] == "float16"
+@pytest.mark.parametrize(
+    ("setup", "argv", "reason"),
+    [
+        ("old gpu", [], "this GPU has compute capability 7.5 and it needs 8.0 or newer"),
+        ("broken wheel", [], "flash_attn does not import (ModuleNotFoundError: "),
+        ("not installed", [], "flash-attn is not installed: using sdpa attention"),
+        ("fp32 compute", ["--bf16", "false"], "it computes in bf16 or fp16 only"),
+        ("asked on cpu", ["--use_cpu", "true", "--attn_implementation", "flash_attention_2"], "needs a CUDA GPU"),
+    ],
+)
+def test_flash_attention_where_it_cannot_run_falls_back_to_sdpa_with_one_warning(
+    fake_cuda, monkeypatch, caplog, setup, argv, reason
+):
+    import importlib.util
+
+    if setup == "old gpu":
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    elif setup == "broken wheel":  # installed (found), but `import flash_attn` raises ImportError
+        monkeypatch.setitem(sys.modules, "flash_attn", None)
+    elif setup == "not installed":
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        assert resolved(argv).attn_implementation == "sdpa"
+    warnings = [r.getMessage() for r in caplog.records if "attention" in r.getMessage()]
+    assert len(warnings) == 1 and reason in warnings[0], warnings
+
+
+def test_an_attention_the_user_names_is_kept(fake_cuda):
+    assert resolved(["--attn_implementation", "eager"]).attn_implementation == "eager"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs and pins
+
+
+@pytest.mark.parametrize(
+    ("name", "distributed_type", "zero_stage", "mixed_precision"),
+    [
+        ("ddp.yaml", "MULTI_GPU", None, "bf16"),
+        ("zero2.yaml", "DEEPSPEED", 2, "bf16"),
+        ("zero3.yaml", "DEEPSPEED", 3, "bf16"),
+        ("cpu_ddp.yaml", "MULTI_GPU", None, "no"),
+    ],
+)
+def test_accelerate_configs_load_as_documented(name, distributed_type, zero_stage, mixed_precision):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "configs" / name))
+    assert (config.distributed_type, config.mixed_precision) == (distributed_type, mixed_precision)
+    assert (config.deepspeed_config or {}).get("zero_stage") == zero_stage
+    if zero_stage == 3:
+        assert config.deepspeed_config["zero3_save_16bit_model"]  # the saved model loads without DeepSpeed
+
+
+def test_gpu_requirements_pin_versions_these_checks_accept():
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "requirements-gpu.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    assert {"flash-attn", "vllm", "bitsandbytes", "deepspeed"} <= pins.keys()
+    low, high = (tuple(map(int, v.split("."))) for v in checks.VLLM_RANGE)
+    assert low <= tuple(map(int, pins["vllm"].split("."))) <= high
+
+
+def test_the_readme_test_commands_are_what_ci_runs():
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    command = re.search(r"pip install -r requirements-dev.txt && (python -m pytest -q)\n", readme)
+    assert command and command[1] in ci
+    assert 'python -m pytest -q -m "not slow"' in readme  # the fast tier, documented
+    assert Path(ROOT / "requirements-dev.txt").read_text().startswith("-r requirements.txt")

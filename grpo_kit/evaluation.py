@@ -1,0 +1,230 @@
+"""GSM8K accuracy of a model: greedy completions of the test split, scored in the recipe's own format.
+
+Evaluation is collective: under `accelerate launch` every process generates its share of the questions, the
+completions are gathered, and the main process writes the report, so N processes evaluate N times faster and none
+waits alone for another. Each process makes the same number of `generate` calls, which DeepSpeed ZeRO-3 needs
+(its `generate` synchronises every token across processes).
+
+During training the trainer's own model is measured (`AccuracyCallback`): the start model before the first step,
+a fixed subset every `eval_every_steps` steps, the trained model after the last step. No second copy is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from itertools import islice
+
+from transformers import Trainer, TrainerCallback
+
+from grpo_kit.generation import Generation, generate_greedy
+from grpo_kit.reports import compare, write_report
+from grpo_kit.scoring import score, summarize
+
+logger = logging.getLogger("grpo_demo")
+
+# Logged during training under `eval_` names: the trainer's wandb integration shows them as `eval/accuracy_strict`...
+LOGGED_METRICS = ("accuracy_strict", "accuracy_lenient", "format_rate", "mean_completion_tokens")
+
+
+def measures(run) -> bool:
+    """Whether a run measures accuracy at all (and so needs the test split)."""
+    return bool(run.eval_only or run.final_eval or run.eval_every_steps > 0)
+
+
+def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
+    """(the question indices process `index` of `count` generates, how many of them are its own).
+
+    Every `count`-th question from `index`, then repeats of one question up to ceil(n / count), so that every
+    process generates as many completions as every other (the repeats are dropped).
+    """
+    own = list(range(index, n, count))
+    return own + [own[-1] if own else 0] * (-(-n // count) - len(own)), len(own)
+
+
+def generate_collectively(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str):
+    """Greedy completions of `prompts` in input order, generated in shares by every process and gathered."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    state = PartialState()
+    indices, own = shard(len(prompts), state.process_index, state.num_processes)
+    generations = generate_greedy(
+        model,
+        tokenizer,
+        [prompts[i] for i in indices],
+        max_new_tokens,
+        batch_size,
+        desc,
+        progress=state.is_main_process,
+    )
+    mine = list(zip(indices[:own], generations[:own], strict=True))
+    by_index = dict(gather_object(mine) if state.num_processes > 1 else mine)
+    return [by_index[i] for i in range(len(prompts))]
+
+
+def evaluate(
+    model,
+    tokenizer,
+    rows,
+    answer_format,
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    model_name: str,
+    desc: str = "GSM8K",
+    generations: list[Generation] | None = None,
+) -> tuple[dict, list[dict]]:
+    """Greedy accuracy on `rows` (the recipe's rows: `question`, `prompt`, `answer`).
+
+    Returns (summary, records), the same on every process: the summary holds `scoring.summarize`'s rates plus
+    `model`, `backend`, `max_new_tokens`, `processes`, `seconds` and `questions_per_second`; a record holds the
+    question, gold answer, completion, `scoring.score`'s fields, `completion_tokens` and `truncated`.
+    `generations` given (vLLM's) are scored instead of generating with `model`.
+    """
+    from accelerate import PartialState
+
+    rows = list(rows)
+    started = time.perf_counter()
+    backend = "vllm" if generations is not None else "hf"
+    if generations is None:
+        prompts = [row["prompt"] for row in rows]
+        generations = generate_collectively(model, tokenizer, prompts, max_new_tokens, batch_size, desc)
+    seconds = time.perf_counter() - started
+    records = [
+        {
+            "question": row["question"],
+            "gold": row["answer"],
+            "completion": g.text,
+            **score(g.text, row["answer"], answer_format),
+            "completion_tokens": g.tokens,
+            "truncated": g.truncated,
+        }
+        for row, g in zip(rows, generations, strict=True)
+    ]
+    summary = {
+        **summarize(records),
+        "model": model_name,
+        "backend": backend,
+        "max_new_tokens": max_new_tokens,
+        "processes": PartialState().num_processes if backend == "hf" else 1,
+        "seconds": round(seconds, 2),
+        "questions_per_second": round(len(records) / seconds, 2) if seconds else None,
+    }
+    return summary, records
+
+
+def release_memory() -> None:
+    """Give the memory generation took (KV caches, activations) back to the allocator's pool for training."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class AccuracyCallback(TrainerCallback):
+    """Greedy accuracy of the trainer's own model, generated by every process in shares:
+
+    - `before_and_after`: the start model at the start of a new run (`eval/baseline/`, not on resume: the run's
+      start model was measured when it started) and the trained model after the last step (`eval/final/`), then
+      `eval/comparison.json`;
+    - `every_steps` > 0: the first `subset` rows every `every_steps` optimizer steps, logged as
+      `eval_accuracy_strict`, `eval_accuracy_lenient`, `eval_format_rate` and `eval_mean_completion_tokens` in
+      `trainer_state.json`'s log history, and as `eval/...` in wandb.
+
+    The model is unwrapped as the trainer unwraps it for its own rollouts (TRL's `unwrap_model_for_generation`:
+    ZeRO-3 weights gathered, gradient checkpointing off), run in eval mode with the KV cache and the trainer's
+    autocast (bf16 on a GPU, as in training), then put back.
+    """
+
+    def __init__(self, trainer, rows, answer_format, *, before_and_after, every_steps, subset, batch_size, limit):
+        self.trainer = trainer
+        self.rows = list(islice(rows or [], limit))
+        self.subset = self.rows[:subset]
+        self.answer_format = answer_format
+        self.before_and_after = before_and_after
+        self.every_steps = every_steps
+        self.batch_size = batch_size
+        self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
+
+    def measure(self, rows, model_name: str, desc: str) -> tuple[dict, list[dict]]:
+        from trl.models import unwrap_model_for_generation
+
+        trainer, args = self.trainer, self.trainer.args
+        unwrapped = unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+        )
+        with unwrapped as model, trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext():
+            result = evaluate(
+                model,
+                trainer.processing_class,
+                rows,
+                self.answer_format,
+                max_new_tokens=args.max_completion_length,
+                batch_size=self.batch_size,
+                model_name=model_name,
+                desc=desc,
+            )
+        release_memory()
+        return result
+
+    def report(self, name: str, model_name: str) -> None:
+        summary, records = self.measure(self.rows, model_name, f"GSM8K {name}")
+        if self.trainer.accelerator.is_main_process:
+            write_report(self.trainer.args.output_dir, name, summary, records)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.before_and_after:
+            return
+        if state.global_step == 0:
+            self.report("baseline", self.start_model)
+        else:
+            logger.info(
+                "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every_steps <= 0 or state.global_step % self.every_steps:
+            return
+        summary, _ = self.measure(self.subset, args.output_dir, f"accuracy at step {state.global_step}")
+        logger.info(
+            "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions",
+            state.global_step,
+            100 * summary["accuracy_strict"],
+            100 * summary["accuracy_lenient"],
+            summary["n"],
+        )
+        # The base Trainer.log, not GRPOTrainer.log: that one would take the rewards pending for this step's log
+        # entry into this one and print the completion sample again. Logging clears `should_log`, which the
+        # trainer set for that entry: keep it.
+        should_log = control.should_log
+        Trainer.log(self.trainer, {f"eval_{key}": summary[key] for key in LOGGED_METRICS})
+        control.should_log = should_log
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self.before_and_after:
+            return
+        self.report("final", args.output_dir)
+        if self.trainer.accelerator.is_main_process:
+            compare(args.output_dir)
+
+
+def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
+    """The accuracy measurements a training run's settings ask for (none when `test_rows` is None)."""
+    return AccuracyCallback(
+        trainer,
+        test_rows,
+        answer_format,
+        before_and_after=run.final_eval and test_rows is not None,
+        every_steps=run.eval_every_steps if test_rows is not None else 0,
+        subset=run.eval_subset,
+        batch_size=run.eval_batch_size,
+        limit=run.eval_limit,
+    )

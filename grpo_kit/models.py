@@ -1,0 +1,139 @@
+"""Loading what a run needs of a model: its tokenizer (with one pad-token rule), the attention implementation that
+can run here, the trainer's load arguments, a saved model for inference, and adapters kept in fp32."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger("grpo_demo")
+
+FLASH_MIN_CAPABILITY = (8, 0)  # flash-attn 2 runs on Ampere or newer
+GPU_EXTRAS = "pip install -r requirements-gpu.txt"
+
+
+def set_pad_token(tokenizer):
+    """The one pad-token rule: a tokenizer without one (Llama 3.2) pads with its end-of-sequence token. Padding is
+    masked out everywhere (attention masks in generation and training), so which token it is does not matter."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(model_args, training_args, path: str | None = None):
+    """The model's tokenizer, with a pad token; a short message instead of a traceback when it can't be had."""
+    from transformers import AutoTokenizer
+
+    name = path or model_args.model_name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+    except OSError as err:  # not on disk, not in the cache, and the Hub unreachable or gated
+        sys.exit(
+            f"Could not load the model {name!r} ({str(err).splitlines()[0][:200]}).\n"
+            "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
+            "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
+        )
+    return set_pad_token(tokenizer)
+
+
+def on_gpu(training_args) -> bool:
+    import torch
+
+    return not training_args.use_cpu and torch.cuda.is_available()
+
+
+def flash_attention_problem(computes_in_half_precision: bool) -> str | None:
+    """Why flash-attention 2 cannot run on this CUDA machine, None when it can. Each reason is one that
+    transformers would only raise when the model loads, or that flash-attn itself would raise at the first step."""
+    import torch
+
+    capability = torch.cuda.get_device_capability()
+    if tuple(capability) < FLASH_MIN_CAPABILITY:
+        return f"this GPU has compute capability {capability[0]}.{capability[1]} and it needs 8.0 or newer"
+    if not computes_in_half_precision:
+        return "it computes in bf16 or fp16 only, and this run computes in fp32 (bf16 false, dtype float32)"
+    try:
+        import flash_attn  # noqa: F401  (a wheel built for another torch or CUDA fails here, not at find_spec)
+    except Exception as err:  # ImportError, or OSError / RuntimeError from a mismatched binary
+        return f"flash_attn does not import ({type(err).__name__}: {str(err)[:120]}); {GPU_EXTRAS}"
+    return None
+
+
+def attention(model_args, training_args) -> str:
+    """flash-attention 2 on a GPU where it runs, else sdpa (with one warning where flash-attention was expected or
+    asked for); any other implementation the user names is kept."""
+    import importlib.util
+
+    requested = model_args.attn_implementation
+    if requested not in (None, "flash_attention_2"):
+        return requested
+    if not on_gpu(training_args):
+        if requested:
+            logger.warning("attn_implementation=flash_attention_2 needs a CUDA GPU: using sdpa attention")
+        return "sdpa"
+    if requested is None and importlib.util.find_spec("flash_attn") is None:
+        logger.warning("flash-attn is not installed: using sdpa attention (%s)", GPU_EXTRAS)
+        return "sdpa"
+    half = training_args.bf16 or training_args.fp16 or model_args.dtype in ("bfloat16", "float16")
+    problem = flash_attention_problem(half)
+    if problem:
+        logger.warning("flash-attention 2 cannot run here: %s. Using sdpa attention.", problem)
+        return "sdpa"
+    return "flash_attention_2"
+
+
+def init_kwargs(model_args, training_args) -> dict:
+    """What the trainer loads the model with: the recipe's dtype, the attention chosen at start, the revision."""
+    return {
+        "dtype": model_args.dtype,
+        "attn_implementation": model_args.attn_implementation,
+        "revision": model_args.model_revision,
+    }
+
+
+def inference_dtype(model_args, training_args) -> str:
+    """bf16 on a GPU, fp32 on a CPU, unless --dtype says otherwise."""
+    return model_args.dtype or ("bfloat16" if on_gpu(training_args) else "float32")
+
+
+def load_for_inference(model_args, training_args, path: str | None = None):
+    """A saved model (or a LoRA run's adapter on its base) on this process's device, in eval mode, loaded with the
+    run's revision, trust_remote_code, dtype and attention."""
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM
+
+    name = path or model_args.model_name_or_path
+    model = AutoModelForCausalLM.from_pretrained(
+        name,
+        dtype=inference_dtype(model_args, training_args),
+        attn_implementation=model_args.attn_implementation,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
+    return model.to(PartialState().device).eval()
+
+
+def train_adapters_in_fp32(trainer) -> int:
+    """Cast the trainable parameters of an adapter model back to fp32 before the optimizer is built; returns how many.
+
+    trl 1.16 casts a quantized model's trainable parameters to bf16 (grpo_trainer.py, after `get_peft_model`,
+    citing the QLoRA paper), where AdamW's steps at this recipe's rates are far below half the spacing of bf16 and
+    round away: the adapters would barely move. PEFT computes an fp32 adapter on a 4-bit or bf16 base in the
+    base's dtype under autocast, so only the optimizer sees fp32. Under DeepSpeed the parameters' storage is
+    DeepSpeed's, and it keeps fp32 master weights itself: left alone there.
+    """
+    import torch
+
+    model = trainer.model
+    if trainer.is_deepspeed_enabled or not hasattr(model, "peft_config"):
+        return 0
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
+            cast += 1
+    if cast:
+        logger.info("Adapters train in fp32: %d tensors cast back from half precision", cast)
+    return cast

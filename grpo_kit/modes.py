@@ -1,0 +1,57 @@
+"""The runs that train nothing: `--eval_only` (GSM8K accuracy of a saved model) and `--ask` (one sampled answer)."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+
+from grpo_kit import evaluation, generation, models, reports
+
+
+def ask(question: str, model_args, training_args, answer_format) -> None:
+    """Print a sampled answer of `--model_name_or_path` to `question`, in the recipe's prompt (main process only)."""
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    model = models.load_for_inference(model_args, training_args)
+    messages = answer_format.chat_prompt(question)
+    print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
+
+
+def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> dict:
+    """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/`: `final` when the model is the
+    output folder itself (a trained run), `baseline` otherwise; then the comparison when both exist.
+
+    Under `accelerate launch` every process evaluates its share; with `--use_vllm` one vLLM engine does it all.
+    """
+    from accelerate import PartialState
+
+    path, output_dir = model_args.model_name_or_path, training_args.output_dir
+    name = "final" if Path(path).resolve() == Path(output_dir).resolve() else "baseline"
+    rows = list(islice(test_rows, run.eval_limit))
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    settings = dict(max_new_tokens=training_args.max_completion_length, batch_size=run.eval_batch_size, model_name=path)
+    if training_args.use_vllm:
+        generations = generation.generate_vllm(
+            path,
+            tokenizer,
+            [row["prompt"] for row in rows],
+            training_args.max_completion_length,
+            dtype=models.inference_dtype(model_args, training_args),
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+            gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
+            max_model_length=training_args.vllm_max_model_length,
+        )
+        summary, records = evaluation.evaluate(
+            None, tokenizer, rows, answer_format, generations=generations, **settings
+        )
+    else:
+        model = models.load_for_inference(model_args, training_args)
+        summary, records = evaluation.evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings)
+    if PartialState().is_main_process:
+        reports.write_report(output_dir, name, summary, records)
+        reports.compare(output_dir)
+    return summary

@@ -1,0 +1,50 @@
+"""The offline presets, chosen in one place: `--smoke` (a few steps of a tiny model) and `--demo` (GRPO that learns).
+
+A preset is a module with `DEFAULTS` (settings that sit between the recipe's constants and the user's YAML and
+command line), `MODEL_DIR` and `DATA_DIR` (where it writes its tiny model and generated problems, unless the user
+points elsewhere) and `prepare`, which writes them in the recipe's own answer format.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from grpo_kit import demo, smoke
+
+PRESETS: dict[str, ModuleType] = {"smoke": smoke, "demo": demo}
+
+
+def chosen(values: dict) -> ModuleType | None:
+    """The preset the settings ask for (a flag of that name set true), None for a real run."""
+    names = [name for name in PRESETS if values.get(name)]
+    if len(names) > 1:
+        sys.exit(f"--{' and --'.join(names)} are presets of their own: choose one")
+    return PRESETS[names[0]] if names else None
+
+
+def writes(preset: ModuleType | None, key: str, value) -> bool:
+    """Whether `value` of setting `key` (model_name_or_path, dataset, output_dir) is one the preset writes itself."""
+    if preset is None:
+        return False
+    own = {"model_name_or_path": preset.MODEL_DIR, "dataset": preset.DATA_DIR}.get(key, preset.DEFAULTS.get(key))
+    return value == own
+
+
+def prepare(run, training_args, model_args, answer_format) -> None:
+    """Build the chosen preset's tiny model and problems before anything reads them. Under `accelerate launch`
+    every process gets here: the first writes, the others wait, then all read."""
+    preset = chosen(vars(run))
+    if preset is None:
+        return
+    fresh = not (run.eval_only or run.ask or training_args.resume_from_checkpoint)  # a new training run
+    with training_args.main_process_first(local=False, desc="preset assets"):
+        if training_args.process_index == 0:
+            preset.prepare(
+                answer_format,
+                model_args.model_name_or_path,
+                run.dataset,
+                training_args.output_dir,
+                fresh,
+                training_args.seed,
+            )

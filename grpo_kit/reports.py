@@ -1,0 +1,81 @@
+"""Where evaluations are written and how they read: `<output_dir>/eval/<name>/` and the printed tables."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+SUMMARY, COMPLETIONS, COMPARISON = "summary.json", "completions.jsonl", "comparison.json"
+# Rows of the printed tables: (summary key, label, shown as a percentage).
+TABLE_ROWS = (
+    ("accuracy_strict", "accuracy, strict (answer block)", True),
+    ("accuracy_lenient", "accuracy, lenient (last number)", True),
+    ("format_rate", "strict format", True),
+    ("soft_format_rate", "soft format", True),
+    ("mean_completion_tokens", "mean completion tokens", False),
+    ("truncated", "truncated (hit max_new_tokens)", False),
+)
+
+
+def eval_dir(output_dir: str | Path, name: str | None = None) -> Path:
+    """The evaluation folder of a run (`<output_dir>/eval`), or of one evaluation in it (`.../eval/<name>`)."""
+    folder = Path(output_dir) / "eval"
+    return folder / name if name else folder
+
+
+def read_summary(output_dir: str | Path, name: str) -> dict | None:
+    path = eval_dir(output_dir, name) / SUMMARY
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _cell(value, percent: bool, change: bool = False) -> str:
+    """A table cell: a rate as a percentage (a change of one in points), a count as is, a mean to one decimal."""
+    sign = "+" if change else ""
+    if percent:
+        return f"{100 * value:{sign}.1f} {'pp' if change else '%'}"
+    return f"{value:{sign}.1f}" if isinstance(value, float) else f"{value:{sign}d}"
+
+
+def write_report(output_dir: str | Path, name: str, summary: dict, records: list[dict]) -> Path:
+    """`eval/<name>/summary.json` and `completions.jsonl` (one record a line) in `output_dir`; prints a table."""
+    folder = eval_dir(output_dir, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with (folder / COMPLETIONS).open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    lines = [
+        f"GSM8K {name}: {summary['model']}, {summary['n']} questions, {summary['seconds']} s",
+        "| metric | value |",
+        "| --- | --- |",
+        *(f"| {label} | {_cell(summary[key], percent)} |" for key, label, percent in TABLE_ROWS),
+    ]
+    print("\n".join(lines), flush=True)
+    logger.info("Evaluation written to %s", folder)
+    return folder
+
+
+def compare(output_dir: str | Path, before: str = "baseline", after: str = "final") -> dict | None:
+    """`eval/comparison.json` in `output_dir`: the `before` and `after` summaries side by side with their changes,
+    and a printed table; None (nothing written) unless both evaluations exist."""
+    old, new = read_summary(output_dir, before), read_summary(output_dir, after)
+    if old is None or new is None:
+        return None
+    if old["n"] != new["n"]:
+        logger.warning("Comparing evaluations of different sizes: %d vs %d questions", old["n"], new["n"])
+    keys = [key for key, _, _ in TABLE_ROWS]
+    comparison = {before: old, after: new, "change": {key: new[key] - old[key] for key in keys}}
+    (eval_dir(output_dir) / COMPARISON).write_text(json.dumps(comparison, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        f"GSM8K, {before} vs {after} ({old['n']} / {new['n']} questions)",
+        f"| metric | {before} | {after} | change |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {label} | {_cell(old[key], pct)} | {_cell(new[key], pct)} | {_cell(new[key] - old[key], pct, True)} |"
+            for key, label, pct in TABLE_ROWS
+        ),
+    ]
+    print("\n".join(lines), flush=True)
+    return comparison

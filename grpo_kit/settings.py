@@ -1,0 +1,160 @@
+"""The recipe's settings: its constants are defaults, a preset (`--smoke`, `--demo`) sits on them, a YAML file
+(`--config`) on that, and the command line wins. Every value is checked before anything is loaded.
+
+Any field of `RunArguments` (below), TRL's `GRPOConfig` or `ModelConfig` can be set either way. The YAML is read
+here, not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets
+environment variables, as TRL's does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from grpo_kit import checks, models, presets
+
+logger = logging.getLogger("grpo_demo")
+
+
+@dataclass
+class RunArguments:
+    """What to run, on which data, and how to measure it."""
+
+    dataset: str | None = field(
+        default=None, metadata={"help": "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k"}
+    )
+    max_prompt_tokens: int = field(default=256, metadata={"help": "Longer prompts are dropped"})
+    strict_data: bool = field(
+        default=False, metadata={"help": "Stop on a bad data row instead of dropping it (and saying so)"}
+    )
+    smoke: bool = field(
+        default=False, metadata={"help": "Offline CPU check: tiny generated model and problems, a few steps"}
+    )
+    demo: bool = field(
+        default=False,
+        metadata={"help": "Offline CPU demo, ~2 min: GRPO raises a tiny warm-started model's accuracy (curves.png)"},
+    )
+    # GSM8K test accuracy: greedy, max_completion_length new tokens, scored strict (answer block) and lenient
+    eval_only: bool = field(
+        default=False,
+        metadata={"help": "Evaluate --model_name_or_path on the test split into <output_dir>/eval/ and exit"},
+    )
+    final_eval: bool = field(
+        default=True, metadata={"help": "Evaluate the start model before training and the trained one after it"}
+    )
+    eval_every_steps: int = field(
+        default=50, metadata={"help": "Accuracy on eval_subset test questions every N steps, logged; 0: off"}
+    )
+    eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
+    eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
+    eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together, per process"})
+    ask: str | None = field(
+        default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
+    )
+
+
+def setup_logging() -> None:
+    """Info from the main process, warnings only from the others."""
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+    )
+
+
+def read_config_flag(argv: list[str]) -> tuple[list[str], dict]:
+    """Split `--config FILE` off the command line: the rest of it, and the YAML's values (its `env:` is applied)."""
+    if "--config" not in argv:
+        return argv, {}
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        sys.exit("--config needs a YAML file: --config recipe.yaml")
+    path = Path(argv[i + 1])
+    if not path.is_file():
+        sys.exit(f"--config {path}: no such file")
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where it is built in: far faster
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        sys.exit(f"--config {path}: not a readable YAML file ({str(err).splitlines()[0]})")
+    if not isinstance(values, dict):
+        sys.exit(f"--config {path}: expected a mapping of setting: value")
+    for key, value in (values.pop("env", None) or {}).items():
+        os.environ[key] = str(value)
+    return argv[:i] + argv[i + 2 :], values
+
+
+def run_names(model_name: str) -> dict:
+    """outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`."""
+    base = model_name.rstrip("/").split("/")[-1]
+    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
+    short = f"{match[1]}-{match[2]}" if match else base
+    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
+
+
+def _parser():
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    return TrlParser((RunArguments, GRPOConfig, ModelConfig))
+
+
+def given_on_command_line(argv: list[str]) -> dict:
+    """The settings the command line names, typed (values for everything else are left out)."""
+    parser = _parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    namespace, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    return vars(namespace)
+
+
+def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_funcs: list) -> dict:
+    """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
+    order, checked: stops with one line per problem before anything is loaded."""
+    import torch
+
+    setup_logging()
+    argv, yaml_values = read_config_flag(list(sys.argv[1:] if argv is None else argv))
+    chosen = {**yaml_values, **given_on_command_line(argv)}  # what the user set, either way
+    preset = presets.chosen(chosen)
+    cuda = torch.cuda.is_available()
+    defaults = {
+        **recipe_defaults,
+        "bf16": cuda,  # bf16 compute (autocast) on a GPU; the weights' dtype is the recipe's choice (dtype None)
+        "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
+        "dtype": None,
+        **(preset.DEFAULTS if preset else {}),
+    }
+    # The output folder and run name follow the model, wherever it was chosen (a preset names its own).
+    defaults = {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
+
+    parser = _parser()
+    unknown = parser.set_defaults_with_config(**{**defaults, **yaml_values})
+    namespace, unknown_cli = parser.parse_known_args(argv)
+    if unknown or unknown_cli:
+        sys.exit(f"Unknown settings: {unknown + unknown_cli} (python grpo_demo.py --help lists them)")
+    values = vars(namespace)
+    found = checks.problems(values, n_rewards=len(reward_funcs), tags=answer_format.tags)
+    if found:
+        sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in found))
+    for warning in checks.warnings(values):
+        logger.warning(warning)
+    values["resume_from_checkpoint"] = checks.resolve_resume(values["resume_from_checkpoint"], values["output_dir"])
+    settings = SimpleNamespace(**values)
+    values["attn_implementation"] = models.attention(settings, settings)  # flash-attention where it can run
+    return values
+
+
+def parse(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_funcs: list):
+    """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
+    values = resolve(argv, recipe_defaults, answer_format, reward_funcs)
+    run, training_args, model_args = _parser().parse_dict(values)
+    if training_args.resume_from_checkpoint:
+        logger.info("Resuming from %s", training_args.resume_from_checkpoint)
+    return run, training_args, model_args

@@ -1,0 +1,241 @@
+"""GSM8K evaluation: exact verdicts and rates, collective generation, reports, and the trainer's own model measured
+before, during and after training (no second model loaded); `--eval_only` and `--ask`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import grpo_demo
+from grpo_kit import evaluation, generation, modes, reports, scoring
+
+FMT = grpo_demo.ANSWER_FORMAT
+ANSWER = "<reasoning>\n{r}\n</reasoning>\n<answer>\n{a}\n</answer>"
+RIGHT = ANSWER.format(r="3 + 4 = 7", a="7")
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "answer_strict", "answer_lenient", "correct_strict", "correct_lenient"),
+    [
+        (RIGHT, "7", "7", "7", True, True),  # strictly formatted and right
+        ("3 + 4 makes 7", "7", None, "7", False, True),  # right number outside any answer block: lenient only
+        (RIGHT + "\nStep 2 done.", "7", "7", "2", True, False),  # a later number after the block: strict only
+        (ANSWER.format(r="...", a="$1,080.00"), "1080", "$1,080.00", "1,080.00", True, True),  # numbers, not strings
+        (ANSWER.format(r="...", a="3 * 6 = 18"), "18", "3 * 6 = 18", "18", False, True),  # two numbers commit to none
+        (ANSWER.format(r="...", a="nine"), "9", "nine", None, False, False),  # no digits anywhere
+        ("", "9", None, None, False, False),  # empty completion
+        (ANSWER.format(r="1 - 4 = -3", a="-3"), "-3", "-3", "-3", True, True),  # negative gold answer
+    ],
+)
+def test_score_strict_and_lenient(completion, gold, answer_strict, answer_lenient, correct_strict, correct_lenient):
+    scored = scoring.score(completion, gold, FMT)
+    assert (scored["answer_strict"], scored["answer_lenient"]) == (answer_strict, answer_lenient)
+    assert (scored["correct_strict"], scored["correct_lenient"]) == (correct_strict, correct_lenient)
+
+
+@pytest.mark.parametrize(
+    ("completion", "strict", "soft"),
+    [
+        (ANSWER.format(r="a\nb", a="7"), True, True),  # the format the prompt asks for
+        (ANSWER.format(r="a", a="7") + "\nmore", False, True),  # text after the answer: soft only
+        ("The answer is 7", False, False),
+    ],
+)
+def test_score_format_flags(completion, strict, soft):
+    scored = scoring.score(completion, "7", FMT)
+    assert (scored["format_strict"], scored["format_soft"]) == (strict, soft)
+
+
+def test_summary_rates_of_hand_made_completions():
+    """Four completions with known verdicts: the rates are counted from them, nothing else."""
+    cases = [  # (completion, gold, tokens, truncated)
+        (RIGHT, "7", 10, False),  # strict and lenient right, strict format
+        (ANSWER.format(r="...", a="8") + " so 7", "7", 12, False),  # strict wrong, lenient right, soft format only
+        ("It is 7", "7", 4, False),  # lenient right only, no format
+        ("<reasoning>\nthinking", "7", 30, True),  # cut off: nothing
+    ]
+    records = [
+        {**scoring.score(text, gold, FMT), "completion_tokens": tokens, "truncated": cut}
+        for text, gold, tokens, cut in cases
+    ]
+    assert scoring.summarize(records) == {
+        "n": 4,
+        "accuracy_strict": 0.25,
+        "accuracy_lenient": 0.75,
+        "format_rate": 0.25,
+        "soft_format_rate": 0.5,
+        "mean_completion_tokens": 14.0,
+        "truncated": 1,
+    }
+
+
+@pytest.mark.parametrize(("n", "processes"), [(32, 2), (7, 3), (2, 4), (5, 1)])
+def test_shards_cover_every_question_once_and_are_equally_long(n, processes):
+    shards = [evaluation.shard(n, index, processes) for index in range(processes)]
+    assert len({len(indices) for indices, _ in shards}) == 1  # as many generate calls on every process
+    own = sorted(i for indices, count in shards for i in indices[:count])
+    assert own == list(range(n))
+
+
+@pytest.fixture(scope="module")
+def test_rows(gsm8k_dir):
+    return grpo_demo.get_gsm8k_questions("test", str(gsm8k_dir)).select(range(8))
+
+
+def test_batched_generation_matches_one_at_a_time(tiny, test_rows):
+    tokenizer, model = tiny
+    prompts = test_rows["prompt"]
+    model.train()
+    batched = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=16, batch_size=8)
+    single = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=16, batch_size=1)
+    assert batched == single
+    lengths = {len(tokenizer.apply_chat_template(p, add_generation_prompt=True, return_dict=False)) for p in prompts}
+    assert len(lengths) > 1  # so the batch was padded
+    assert model.training  # put back in the mode it was in
+
+
+def test_generate_calls_depend_only_on_the_number_of_prompts(tiny, test_rows, monkeypatch):
+    """ZeRO-3's generate synchronises every token across processes: each process must call it as often as every
+    other, whatever its prompts; and with the KV cache (the trainer turns the config's off)."""
+    tokenizer, model = tiny
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kwargs: calls.append(kwargs["use_cache"]) or generate(**kwargs))
+    for prompts in (test_rows["prompt"][:7], [test_rows["prompt"][0]] * 7):
+        calls.clear()
+        generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=4, batch_size=3)
+        assert calls == [True, True, True]
+
+
+def test_evaluate_writes_a_consistent_report(tiny, test_rows, tmp_path, capsys):
+    tokenizer, model = tiny
+    summary, records = evaluation.evaluate(
+        model, tokenizer, test_rows, FMT, max_new_tokens=16, batch_size=3, model_name="tiny"
+    )
+    folder = reports.write_report(tmp_path, "baseline", summary, records)
+    assert folder == reports.eval_dir(tmp_path, "baseline") == tmp_path / "eval" / "baseline"
+    saved = json.loads((folder / "summary.json").read_text())
+    lines = [json.loads(line) for line in (folder / "completions.jsonl").read_text().splitlines()]
+    assert saved == summary and lines == records
+    assert [r["question"] for r in lines] == test_rows["question"]  # input order restored after length sorting
+    assert [r["gold"] for r in lines] == test_rows["answer"]
+    assert {k: summary[k] for k in scoring.summarize(records)} == scoring.summarize(lines)
+    assert (summary["n"], summary["model"], summary["processes"], summary["max_new_tokens"]) == (8, "tiny", 1, 16)
+    assert all(r["completion_tokens"] == 16 for r in lines if r["truncated"])
+    assert "| accuracy, strict (answer block) |" in capsys.readouterr().out
+
+
+def test_compare_writes_before_and_after(tmp_path, capsys):
+    def summary(strict, lenient, truncated):
+        rates = dict(accuracy_strict=strict, accuracy_lenient=lenient, format_rate=strict, soft_format_rate=strict)
+        return {"n": 4, **rates, "mean_completion_tokens": 100.0, "truncated": truncated, "model": "m", "seconds": 1}
+
+    assert reports.compare(tmp_path) is None  # no evaluations yet
+    reports.write_report(tmp_path, "baseline", summary(0.25, 0.5, 2), [])
+    assert reports.compare(tmp_path) is None  # a baseline alone
+    reports.write_report(tmp_path, "final", summary(0.75, 0.75, 0), [])
+    comparison = reports.compare(tmp_path)
+    assert comparison == json.loads((tmp_path / "eval" / "comparison.json").read_text())
+    assert comparison["change"]["accuracy_strict"] == 0.5
+    assert comparison["change"]["truncated"] == -2
+    table = capsys.readouterr().out
+    assert "| accuracy, strict (answer block) | 25.0 % | 75.0 % | +50.0 pp |" in table
+    assert "| truncated (hit max_new_tokens) | 2 | 0 | -2 |" in table
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A training run measures the trainer's own model, and loads it once
+
+
+def completions_of(model_dir, rows, tokenizer_dir=None) -> list[str]:
+    """Greedy completions of a saved model, as the run's evaluation generates them (same batch size and length)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.smoke import DEFAULTS
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = [row["prompt"] for row in rows]
+    max_new = DEFAULTS["max_completion_length"]
+    return [g.text for g in generation.generate_greedy(model, tokenizer, prompts, max_new, batch_size=64)]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """`python grpo_demo.py --smoke` in this process (the recipe's main), counting every model load. A large learning
+    rate makes the trained model answer differently from the start model."""
+    from transformers import PreTrainedModel
+
+    folder = tmp_path_factory.mktemp("smoke")
+    loads = []
+    original = PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        loads.append(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+        return original(cls, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        patch.setattr(PreTrainedModel, "from_pretrained", classmethod(counting))
+        grpo_demo.main(["--smoke", "--report_to", "none", "--learning_rate", "0.05", "--eval_every_steps", "2"])
+    return folder, loads
+
+
+def test_a_training_run_loads_one_model(smoke_run):
+    _, loads = smoke_run
+    assert loads == ["outputs/smoke-assets/tiny-qwen2"]  # the trainer's; the evaluations use it too
+
+
+def test_baseline_and_final_evaluate_the_start_and_the_trained_model(smoke_run):
+    folder, _ = smoke_run
+    run = folder / "outputs" / "smoke-GRPO"
+    rows = grpo_demo.get_gsm8k_questions("test", str(folder / "outputs" / "smoke-assets" / "gsm8k-generated"))
+
+    def evaluated(name):
+        return [json.loads(line)["completion"] for line in (run / "eval" / name / "completions.jsonl").open()]
+
+    start = completions_of(folder / "outputs" / "smoke-assets" / "tiny-qwen2", rows)
+    trained = completions_of(run, rows)
+    assert start != trained  # training changed the answers...
+    assert evaluated("baseline") == start  # ...and each evaluation scored the model it names
+    assert evaluated("final") == trained
+    comparison = json.loads((run / "eval" / "comparison.json").read_text())
+    assert (comparison["baseline"]["n"], comparison["final"]["n"]) == (32, 32)
+    assert comparison["baseline"]["model"] == "outputs/smoke-assets/tiny-qwen2"
+    assert comparison["final"]["model"] == "outputs/smoke-GRPO"
+
+    state = json.loads((run / "trainer_state.json").read_text())
+    accuracy = [e for e in state["log_history"] if "eval_accuracy_strict" in e]
+    assert [e["step"] for e in accuracy] == [2, 4]
+    rewards = [e for e in state["log_history"] if "reward" in e]
+    assert [e["step"] for e in rewards] == [1, 2, 3, 4]  # the rewards still log in their own entries
+
+
+def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = smoke_run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        run = "outputs/smoke-GRPO"
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--output_dir", "outputs/again"])
+        summary = json.loads((folder / "outputs" / "again" / "eval" / "baseline" / "summary.json").read_text())
+        assert (summary["n"], summary["model"]) == (32, run)
+
+        capsys.readouterr()
+        question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"
+        grpo_demo.main(["--smoke", "--model_name_or_path", run, "--ask", question, "--seed", "5"])
+        printed = capsys.readouterr().out
+    tokenizer = AutoTokenizer.from_pretrained(folder / run)
+    model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
+    expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
+    assert expected and printed == expected + "\n"
+
+
+def test_ask_prints_nothing_on_other_processes(monkeypatch, capsys):
+    from accelerate import PartialState
+
+    monkeypatch.setattr(PartialState, "is_main_process", property(lambda self: False))
+    modes.ask("How many?", None, None, FMT)  # would fail loading anything
+    assert capsys.readouterr().out == ""

@@ -1,0 +1,70 @@
+"""Merging a LoRA adapter into its base: the merged model computes what base + adapter computes, in full precision,
+and every mistake gets a message naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import grpo_demo
+from grpo_kit import merge, smoke
+
+
+@pytest.fixture
+def adapter_run(tmp_path):
+    """A base model folder and a LoRA adapter on it with non-zero B matrices, saved as a --use_peft run saves it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    fmt = grpo_demo.ANSWER_FORMAT
+    tokenizer = smoke.build_tokenizer(smoke.corpus(fmt, smoke.make_problems(32)), fmt.tags)
+    smoke.build_tiny_model(tokenizer).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    model = get_peft_model(model, LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    model.save_pretrained(tmp_path / "run")
+    tokenizer.save_pretrained(tmp_path / "run")
+    return tmp_path, model.eval(), tokenizer
+
+
+def test_merge_gives_the_adapted_models_outputs_in_full_precision(adapter_run):
+    from transformers import AutoModelForCausalLM
+
+    folder, adapted, tokenizer = adapter_run
+    merged_dir = merge.merge_adapter(folder / "run", folder / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert merged.dtype == torch.float32  # no CUDA here: fp32, as the recipe trains on a CPU
+    assert getattr(merged.config, "quantization_config", None) is None
+    assert (merged_dir / "tokenizer.json").is_file() and not (merged_dir / "adapter_config.json").exists()
+    inputs = tokenizer("Ava has 3 apples and gets 4 more.", return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, adapted(**inputs).logits, rtol=1e-4, atol=1e-5)
+        base = AutoModelForCausalLM.from_pretrained(folder / "base").eval()
+        assert not torch.allclose(base(**inputs).logits, merged(**inputs).logits)  # the adapter is in it
+
+
+def test_merge_names_what_is_wrong_instead_of_a_traceback(adapter_run, tmp_path):
+    folder, _, _ = adapter_run
+    with pytest.raises(SystemExit, match="a full model .* already standalone: nothing to merge"):
+        merge.merge_adapter(folder / "base", folder / "out")
+    with pytest.raises(SystemExit, match="no adapter_config.json there"):
+        merge.merge_adapter(tmp_path / "nowhere", folder / "out")
+    with pytest.raises(SystemExit, match="--output must be another folder than --adapter"):
+        merge.merge_adapter(folder / "run", folder / "run")
+    with pytest.raises(SystemExit, match="no-such-model': no such folder. Give the base the adapter was trained on"):
+        merge.merge_adapter(folder / "run", folder / "out", base=str(tmp_path / "no-such-model"))
+
+    quantized = folder / "base-4bit"
+    quantized.mkdir()
+    config = json.loads((folder / "base" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (quantized / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match="is a quantized checkpoint: a merge needs full-precision weights"):
+        merge.merge_adapter(folder / "run", folder / "out", base=str(quantized))

@@ -1,0 +1,319 @@
+"""The recipe run as a user runs it: `python grpo_demo.py ...` in a subprocess, offline, in a fresh folder. Slow.
+
+One smoke run is shared by the checks of what a run leaves; then resuming after a kill, two processes, LoRA and
+its merge, a copied recipe with `<think>` tags, and the messages a user without network gets.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
+from safetensors.torch import load_file
+
+import grpo_demo
+from grpo_kit import evaluation, smoke
+
+pytestmark = pytest.mark.slow
+TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """`python grpo_demo.py --smoke --report_to wandb` (weight decay 0: any change in the weights comes from the
+    rewards' gradient)."""
+    folder = tmp_path_factory.mktemp("smoke-run")
+    result = run_recipe(["--smoke", "--report_to", "wandb", "--weight_decay", "0"], cwd=folder)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return folder, folder / "outputs" / "smoke-GRPO", result.stdout
+
+
+def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
+    folder, out, _ = smoke_run
+    for step in (2, 4):  # save_steps 2, max_steps 4
+        for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
+            assert (out / f"checkpoint-{step}" / name).is_file(), f"checkpoint-{step}/{name} missing"
+    state = json.loads((out / "trainer_state.json").read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2, 3, 4]
+    assert all(f"rewards/{name}/mean" in entry for entry in steps for name in REWARD_NAMES)
+    assert sorted(p.name for p in (out / "completions").glob("*.parquet")) == [
+        f"completions_0000{step}.parquet" for step in (1, 2, 3, 4)
+    ]
+    base = load_file(folder / "outputs" / "smoke-assets" / "tiny-qwen2" / "model.safetensors")
+    trained = load_file(out / "model.safetensors")
+    assert base.keys() == trained.keys()
+    assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
+    assert (out / "curves.png").stat().st_size > 10_000
+
+
+def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
+    _, out, stdout = smoke_run
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb")), "no offline wandb run files"
+    assert "wandb sync" in stdout
+
+
+def test_a_run_records_what_it_ran(smoke_run):
+    folder, out, _ = smoke_run
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["seed"] == 42
+    assert record["versions"]["trl"] == "1.16.0" and record["versions"]["vllm"] is None
+    assert len(record["recipe"]["commit"] or "") == 40
+    assert record["data"]["rows"] == 64 and len(record["data"]["sha256"]) == 64
+    assert record["settings"]["training"]["learning_rate"] == 5e-6
+    assert record["settings"]["model"]["model_name_or_path"] == "outputs/smoke-assets/tiny-qwen2"
+    # What the trainer loaded: fp32 weights and sdpa on a CPU, every parameter trained.
+    model = record["model"]
+    assert (model["weights_dtype"], model["attention"]) == (["float32"], "sdpa")
+    assert model["trainable_parameters"] == model["parameters"] > 0
+    # Resuming reads only tensors and numpy arrays (the RNG state): nothing needs arbitrary unpickling.
+    from transformers.trainer_pt_utils import safe_globals
+
+    with safe_globals():
+        for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            torch.load(out / "checkpoint-2" / name, weights_only=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resuming
+
+
+RUN = ["--smoke", "--max_steps", "6", "--save_steps", "2"]
+
+
+def logged_steps(stdout: str) -> int:
+    """Optimizer steps a run logged to the console (one dict with a learning rate per step)."""
+    return stdout.count("'learning_rate':")
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
+    whole = run_recipe([*RUN, "--output_dir", "outputs/whole"], cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    assert logged_steps(whole.stdout) == 6
+
+    killed_dir = tmp_path / "outputs" / "killed"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "grpo_demo.py"), *RUN, "--output_dir", "outputs/killed"],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    while not (killed_dir / "checkpoint-2" / "trainer_state.json").is_file():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed_dir / "model.safetensors").exists()  # it really died mid-run
+
+    resumed = run_recipe([*RUN, "--output_dir", "outputs/killed", "--resume_from_checkpoint", "latest"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    start = int(re.search(r"Resuming from outputs/killed/checkpoint-(\d+)", resumed.stdout)[1])
+    assert logged_steps(resumed.stdout) == 6 - start  # the steps before its checkpoint were not trained again
+    assert "GSM8K baseline:" not in resumed.stdout  # the start model was measured when the run started
+
+    state = {
+        name: json.loads((tmp_path / "outputs" / name / "trainer_state.json").read_text())
+        for name in ("whole", "killed")
+    }
+    assert state["killed"]["global_step"] == state["whole"]["global_step"] == 6
+
+    def per_step(name, key):
+        return {e["step"]: e[key] for e in state[name]["log_history"] if key in e}
+
+    for key in ("learning_rate", "rewards/xmlcount_reward_func/mean", "num_tokens"):
+        whole_values, resumed_values = per_step("whole", key), per_step("killed", key)
+        assert all(resumed_values[s] == pytest.approx(whole_values[s]) for s in range(start + 1, 7)), key
+    whole_weights = load_file(tmp_path / "outputs" / "whole" / "model.safetensors")
+    resumed_weights = load_file(killed_dir / "model.safetensors")
+    for name, tensor in whole_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Two processes (accelerate launch, CPU)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ROOT / "configs" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
+        str(ROOT / "grpo_demo.py"), "--smoke", "--output_dir", str(out),
+        "--max_steps", "2", "--save_steps", "2", "--report_to", "wandb",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=tmp_path, env=offline_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+
+    # One checkpoint, written once: the model and optimizer by the main process, an RNG state by each process.
+    checkpoint = out / "checkpoint-2"
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state_0.pth", "rng_state_1.pth"):
+        assert (checkpoint / name).is_file(), name
+    # One set of logs: one wandb run, one run record, each step logged once.
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+    assert result.stdout.count("Run record:") == 1
+    state = json.loads((out / "trainer_state.json").read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2]
+    assert [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e] == [2]
+
+    # Every process generated for its own prompts; the logged rewards cover both processes' completions.
+    per_process, generations = smoke.DEFAULTS["per_device_train_batch_size"], smoke.DEFAULTS["num_generations"]
+    for entry in steps:
+        table = pd.read_parquet(out / "completions" / f"completions_{entry['step']:05d}.parquet")
+        assert len(table) == 2 * per_process
+        prompts = table["prompt"].astype(str).value_counts()
+        assert len(prompts) == 2 * per_process // generations and set(prompts) == {generations}
+        for name in REWARD_NAMES:
+            assert entry[f"rewards/{name}/mean"] == pytest.approx(table[name].mean(), abs=1e-6), name
+
+    # One evaluation of each kind, of every test question, generated in two shares: the same completions as one
+    # process generating them all from the saved weights.
+    for name in ("baseline", "final"):  # the report's table header, printed once
+        assert len(re.findall(rf"GSM8K {name}: \S+, 32 questions", result.stdout)) == 1, name
+    final = json.loads((out / "eval" / "final" / "summary.json").read_text())
+    assert (final["n"], final["processes"]) == (32, 2)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = grpo_demo.get_gsm8k_questions("test", str(tmp_path / "outputs" / "smoke-assets" / "gsm8k-generated"))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+    alone, records = evaluation.evaluate(
+        model, tokenizer, rows, grpo_demo.ANSWER_FORMAT, max_new_tokens=48, batch_size=64, model_name=str(out)
+    )
+    together = [json.loads(line) for line in (out / "eval" / "final" / "completions.jsonl").open()]
+    assert [r["completion"] for r in together] == [r["completion"] for r in records]
+    assert final["accuracy_strict"] == alone["accuracy_strict"] and final["format_rate"] == alone["format_rate"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# LoRA: train with --use_peft, merge with the documented command
+
+
+def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path):
+    out, merged_dir = tmp_path / "outputs" / "lora", tmp_path / "outputs" / "lora-merged"
+    r, alpha = 4, 16
+    args = [
+        "--smoke", "--use_peft", "--lora_r", str(r), "--lora_alpha", str(alpha), "--output_dir", str(out),
+        "--max_steps", "3", "--save_steps", "3", "--weight_decay", "0", "--learning_rate", "1e-3",
+    ]  # fmt: skip
+    result = run_recipe(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    base_file = tmp_path / "outputs" / "smoke-assets" / "tiny-qwen2" / "model.safetensors"
+
+    # The run saved an adapter, not a model: LoRA A and B for every projection of both layers, nothing else.
+    assert not (out / "model.safetensors").exists()
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], set(config["target_modules"])) == (r, alpha, TARGETS)
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert len(adapter) == 2 * len(TARGETS) * 2
+    assert all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    optimizer = torch.load(out / "checkpoint-3" / "optimizer.pt", weights_only=True)
+    assert sum(len(group["params"]) for group in optimizer["param_groups"]) == len(adapter)  # the base was frozen
+    assert all(tensor.abs().sum() > 0 for name, tensor in adapter.items() if ".lora_B." in name)  # B starts at 0
+
+    merged_run = subprocess.run(
+        [sys.executable, "-m", "grpo_kit.merge", "--adapter", str(out), "--output", str(merged_dir)],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert merged_run.returncode == 0, merged_run.stderr[-4000:]
+    # Merged = base + (alpha / r) B A on the targeted projections; every other weight is the base's.
+    base_weights, merged_weights = load_file(base_file), load_file(merged_dir / "model.safetensors")
+    assert merged_weights.keys() == base_weights.keys()
+    for name, weight in base_weights.items():
+        module = name.removesuffix(".weight").split(".")[-1]
+        if module in TARGETS:
+            prefix = "base_model.model." + name.removesuffix(".weight")
+            delta = adapter[f"{prefix}.lora_B.weight"] @ adapter[f"{prefix}.lora_A.weight"] * (alpha / r)
+            torch.testing.assert_close(merged_weights[name], weight + delta, rtol=0, atol=1e-6)
+            assert not merged_weights[name].equal(weight), name
+        else:
+            assert merged_weights[name].equal(weight), name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A copied and edited recipe behaves as itself
+
+
+def test_a_copied_recipe_with_think_tags_trains_evaluates_and_asks_in_its_own_format(tmp_path):
+    """A user copies grpo_demo.py to my_recipe.py and sets REASONING_TAG = "think". Its demo warm-starts the tiny
+    model on `<think>` solutions, its evaluation scores the `<think>` format, its --ask answers in it."""
+    source = (ROOT / "grpo_demo.py").read_text(encoding="utf-8")
+    line = 'REASONING_TAG = "reasoning"'
+    assert source.count(line) == 1
+    copy = tmp_path / "my_recipe.py"
+    copy.write_text(source.replace(line, 'REASONING_TAG = "think"'), encoding="utf-8")
+
+    result = run_recipe(["--demo", "--max_steps", "1", "--eval_limit", "32", "--eval_every_steps", "0"], tmp_path, copy)
+    assert result.returncode == 0, result.stdout[-4000:]
+    run = tmp_path / "outputs" / "demo-GRPO"
+    baseline = json.loads((run / "eval" / "baseline" / "summary.json").read_text())
+    completions = [json.loads(line)["completion"] for line in (run / "eval" / "baseline" / "completions.jsonl").open()]
+    assert baseline["n"] == 32
+    assert baseline["format_rate"] >= 0.9  # strict format, as the copy defines it
+    assert all(c.startswith("<think>\n") and "<reasoning>" not in c for c in completions)
+
+    asked = run_recipe(["--demo", "--model_name_or_path", str(run), "--ask", "Ava has 12 shells."], tmp_path, copy)
+    assert asked.returncode == 0, asked.stdout[-3000:]
+    assert "<think>" in asked.stdout and "<reasoning>" not in asked.stdout
+
+    spec = importlib.util.spec_from_file_location("my_recipe", copy)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    think = "<think>\nSome steps.\n</think>\n<answer>\n18\n</answer>\n"
+    reasoning = "<reasoning>\nSome steps.\n</reasoning>\n<answer>\n18\n</answer>\n"
+    assert (
+        recipe.SYSTEM_PROMPT == "\nRespond in the following format:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
+    )
+    scores = {
+        func.__name__: [func(prompts=[[]], completions=[t], answer=["18"])[0] for t in (think, reasoning)]
+        for func in recipe.REWARD_FUNCS
+    }
+    assert scores == {
+        "xmlcount_reward_func": [0.5, 0.25],  # the reasoning tags no longer count
+        "soft_format_reward_func": [0.5, 0.0],  # a <reasoning> block is no longer the format
+        "strict_format_reward_func": [0.5, 0.0],
+        "int_reward_func": [0.5, 0.5],  # reads only the answer block, whose tag is unchanged
+        "correctness_reward_func": [2.0, 2.0],
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A user without network gets a message, not a traceback
+
+
+def test_an_unreachable_hub_names_the_local_options(tmp_path):
+    result = run_recipe(["--max_steps", "1", "--report_to", "none"], cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stdout
+    assert "--dataset DIR" in result.stdout and "--smoke" in result.stdout
+
+
+def test_a_missing_model_offline_is_a_short_message(tmp_path):
+    data = smoke.write_gsm8k_folder(tmp_path / "data", n_train=4, n_test=2)
+    args = ["--dataset", str(data), "--model_name_or_path", "nobody/no-such-model", "--report_to", "none"]
+    result = run_recipe(args, cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stdout
+    assert "Could not load the model 'nobody/no-such-model'" in result.stdout
