@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: grpo_demo is at the repo root
 
 import grpo_demo  # noqa: E402
-from grpo_kit import evaluate, smoke  # noqa: E402
+from grpo_kit import evaluation, smoke  # noqa: E402
 
 TARGET_SPEEDUP = 8.0
 
@@ -36,16 +36,17 @@ def main() -> None:
     # timings swing tenfold between runs; batching is what is measured here, not thread scheduling.
     torch.set_num_threads(args.threads)
 
-    problems = smoke.make_problems(256)
-    corpus = [grpo_demo.SYSTEM_PROMPT, *(p["question"] for p in problems), *map(smoke.formatted_solution, problems)]
-    tokenizer = smoke.build_tokenizer(corpus)
+    fmt = grpo_demo.ANSWER_FORMAT
+    tokenizer = smoke.build_tokenizer(smoke.corpus(fmt, smoke.make_problems(256)), fmt.tags)
     model = smoke.build_tiny_model(tokenizer, hidden_size=128, num_layers=4)
     with tempfile.TemporaryDirectory() as folder:
         smoke.write_gsm8k_folder(folder, n_train=1, n_test=args.questions)
         rows = grpo_demo.get_gsm8k_questions("test", folder)
 
     def run(batch_size: int):
-        return evaluate.evaluate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, batch_size=batch_size)
+        return evaluation.evaluate(
+            model, tokenizer, rows, fmt, max_new_tokens=args.max_new_tokens, batch_size=batch_size, model_name="tiny"
+        )
 
     run(args.batch_size)  # warm-up: one-time initialisation is not what is measured
     (batched, batched_records), (single, single_records) = run(args.batch_size), run(1)

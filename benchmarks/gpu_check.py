@@ -1,0 +1,689 @@
+"""GPU acceptance check: the recipe itself, a few steps in each of its training modes, on one CUDA GPU, offline.
+
+    python benchmarks/gpu_check.py            # one H200/H100-class GPU: ~7 min, report in outputs/gpu_check.json
+    python benchmarks/gpu_check.py --dry-run  # any machine, on the CPU: a tiny model, `full` and `lora`, ~30 s
+
+Flags: --variants full,lora (default: all), --steps 3, --completion 128 (tokens, every completion runs to it),
+--timeout 300 (seconds per variant), --budget 480 (seconds for everything), --json PATH, --work DIR (default
+outputs/gpu_check: the built model (3 GB) and data, and per variant its generation.yaml, log.txt and output/, whose
+trained weights are deleted once compared).
+
+WHAT RUNS. Nothing is downloaded. A model of Qwen2.5-1.5B-Instruct's shape (QWEN25_1_5B: 1.54 B parameters,
+151,936-id vocabulary) with random weights is built on the GPU and saved in bf16, with a byte-level BPE tokenizer
+trained on the spot (627 tokens) and generated GSM8K-format problems (grpo_kit.smoke). Each variant is then
+`python grpo_demo.py ...` in a process of its own, so it goes through the recipe's own code: settings and their
+checks, the precision choice, the model loaded by the trainer, the evaluation before and after training on the
+trainer's own model, the run record. The variants:
+  full       full fine-tuning at the recipe's default precision (CUDA: fp32 weights, bf16 autocast, flash-attention
+             when flash-attn imports);
+  lora       --use_peft;
+  qlora      --use_peft --load_in_4bit; needs bitsandbytes (skipped, not failed, without it);
+  full-vllm  full fine-tuning generating with vLLM inside the training process (colocate, 0.3 of the GPU), to set
+             against `full`'s transformers generate; needs vllm (skipped without it);
+  cb-bf16    transformers' continuous batching. TRL casts the model to bf16 in place for it, so the recipe refuses
+             it with fp32 weights: this one loads bf16 weights (--dtype bfloat16) and is a generation-speed
+             comparison only. If it fails it is reported as "did not run", with its error, and the check goes on.
+Every variant runs the reference's batch (16 generations per prompt, 16 completions per micro-batch, 4 micro-batches:
+64 completions per optimizer step) at the recipe's learning rate (cosine, no warm-up), every completion forced to
+--completion tokens (end of turn forbidden before it). A random model samples all 151,936 ids, which the 627-token
+tokenizer mostly lacks: sampling is restricted to the tokenizer's ids (transformers: `suppress_tokens`, vLLM:
+`allowed_token_ids`), so the format's tags turn up by chance, rewards differ within groups and the policy gradient
+is not zero. The evaluations: the first 16 test problems, greedy, --completion tokens. With --dry-run: the smoke
+preset's tiny model with the same tokenizer, --use_cpu true, 4 generations x 4 prompts per step, 64 tokens, 2 steps,
+4 test problems, `full` and `lora`.
+
+WHAT IT REPORTS, per variant (a markdown table, and the JSON report with the settings, package versions and hardware):
+the step time, mean after the first step (TRL's `step_time`: generation, rewards, forward and backward; not the
+optimizer step); generated tokens per second (completion tokens per step / step time); peak GPU memory as torch
+counts it (run_record.json); for vLLM, its up-front reservation (0.3 x the GPU's memory) beside it, never as the
+model's peak; whether flash-attention ran; the weights' and the trainable weights' dtypes and the trainable
+parameters; how the weights moved, the saved ones against the start model's (LoRA: the B matrices, zero at the
+start): the share that changed at all, and their mean |change| over AdamW's expected move (about the learning rate
+per step: the sum of the logged learning rates); both evaluations and their seconds; the wall time; the command.
+
+PASS (exit 0) when every variant that ran (cb-bf16 aside) exited 0, ran all its steps with a gradient in at least one
+(else the weights move by weight decay alone), wrote eval/baseline and eval/final summaries and saved its weights;
+full fine-tuning changed at least 90 % of its weights (bf16 weights lose most of AdamW's small steps to rounding:
+benchmarks/bf16_updates.py); and at least one variant passed. Skipped variants (not installed, or left out because
+the budget would not cover them) are listed, not failed. Otherwise exit 1, the reasons printed and in the JSON.
+
+TIME: ~6.8 min estimated on one H200 with every variant installed (~3.5 min without vllm and bitsandbytes), inside the
+8-minute budget. Not yet measured on a GPU. The estimate is the time model that also decides whether a variant still
+fits the budget (Variant.estimate); the report puts `estimated_s` beside each `wall_s`. A variant costs a fixed part
+(python, imports and settings, ~150k suppressed ids of YAML among them, ~15 s; loading the model ~5 s; the first
+step's warm-up ~4 s; saving and comparing 6 GB of fp32 weights ~15 s; vLLM's engine start, compilation and CUDA
+graphs ~50 s) plus the tokens decoded one step at a time for
+the whole batch: (steps + 2 evaluations) x completion tokens. transformers' generate of a 1.5B model is bound by
+kernel launches, not by the GPU: ~25 ms per token at batch 1 (Qwen's published speed benchmark: 41 tokens/s for
+Qwen2-1.5B-Instruct on an A100) and about the same for 64 sequences; counted as 30 ms with fp32 weights under
+autocast, 40 ms with LoRA's extra layers, 60 ms with bitsandbytes' 4-bit dequantizing, 25 ms for continuous
+batching, 8 ms for vLLM with its weight sync. Forward and backward of 64 completions of ~190 tokens is ~6e13 FLOPs:
+~1.5 s a step. For 3 steps of 128 tokens: build 20 s, full 72 s, lora 59 s, qlora 82 s, full-vllm 118 s, cb-bf16
+56 s: 407 s. 256-token completions would take ~517 s, over the budget: hence 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere: grpo_demo and grpo_kit are at the repo root
+RECIPE = ROOT / "grpo_demo.py"
+
+# Qwen/Qwen2.5-1.5B-Instruct's config.json, the values that set the cost of a step.
+QWEN25_1_5B = dict(
+    hidden_size=1536,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    intermediate_size=8960,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+)
+TOKENIZER_VOCAB = 4096  # asked of the BPE trainer; the generated problems' text yields fewer (627)
+
+# The batch: the reference's on a GPU (64 completions per optimizer step); a CPU-sized one for --dry-run, where 64
+# tokens x 4 groups per step make a step without a reward difference in any group (so without a gradient) rare.
+REAL = dict(
+    num_generations=16,
+    per_device_train_batch_size=16,
+    gradient_accumulation_steps=4,
+    steps=3,
+    completion=128,
+    eval_limit=16,
+)
+DRY_RUN = dict(
+    num_generations=4,
+    per_device_train_batch_size=16,
+    gradient_accumulation_steps=1,
+    steps=2,
+    completion=64,
+    eval_limit=4,
+)
+TRAIN_PROBLEMS = 64  # 4 prompts per step: plenty for a few steps
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.3  # colocate: vLLM's share of the GPU, as in configs/qwen_lora_vllm.yaml
+MIN_MOVED = 0.9  # full fine-tuning must change at least this share of its weights
+VLLM_MEMORY_NOTE = (
+    "colocated vLLM allocates its weights and KV cache through torch, so torch's peak includes them: "
+    "the training's own peak is at least the peak less vLLM's reservation"
+)
+BUDGET_S = 480  # the whole check, by default: 8 minutes
+TIMEOUT_S = 300  # one variant, by default
+BUILD_ESTIMATE_S = 20  # building and saving the model on the GPU, before any variant
+DRY_RUN_ESTIMATE_S = 60  # a variant of the dry run on a CPU (the GPU estimates below do not apply)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    flags: tuple[str, ...]  # the recipe's command-line flags that make this variant
+    generation: str  # "transformers", "vllm" or "continuous batching"
+    adapters: bool = False  # LoRA / QLoRA: the movement is measured on the B matrices (zero at the start)
+    needs: str | None = None  # a package it needs beyond requirements.txt
+    comparison_only: bool = False  # a failure is reported ("did not run"), not counted against the check
+    # The time model (module docstring): fixed seconds, ms per decoded token in training and in the evaluations
+    # (transformers' generate), seconds of forward/backward/weight sync per step.
+    fixed_s: float = 0.0
+    decode_ms: float = 0.0
+    eval_decode_ms: float = 0.0
+    train_step_s: float = 0.0
+
+    def estimate(self, steps: int, completion: int) -> float:
+        """Seconds this variant should take on one H200."""
+        decoding = (steps * self.decode_ms + 2 * self.eval_decode_ms) * completion / 1000
+        return self.fixed_s + decoding + steps * self.train_step_s
+
+
+VARIANTS = [
+    Variant("full", (), "transformers", fixed_s=48, decode_ms=30, eval_decode_ms=30, train_step_s=1.5),
+    Variant("lora", ("--use_peft",), "transformers", adapters=True,
+            fixed_s=30, decode_ms=40, eval_decode_ms=40, train_step_s=1.2),
+    Variant("qlora", ("--use_peft", "--load_in_4bit"), "transformers", adapters=True, needs="bitsandbytes",
+            fixed_s=38, decode_ms=60, eval_decode_ms=60, train_step_s=2.0),
+    Variant("full-vllm", ("--use_vllm", "--vllm_mode", "colocate",
+                          "--vllm_gpu_memory_utilization", str(VLLM_GPU_MEMORY_UTILIZATION)),
+            "vllm", needs="vllm", fixed_s=100, decode_ms=8, eval_decode_ms=30, train_step_s=2.5),
+    Variant("cb-bf16", ("--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"),
+            "continuous batching", comparison_only=True, fixed_s=35, decode_ms=25, eval_decode_ms=25, train_step_s=1.5),
+]  # fmt: skip
+BY_NAME = {v.name: v for v in VARIANTS}
+DRY_RUN_VARIANTS = ("full", "lora")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The assets: the model, its tokenizer and the problems (built in a process of their own, so that this one never
+# holds GPU memory while the variants run)
+
+
+def build_assets(folder: Path, dry_run: bool, n_test: int) -> dict:
+    """A random model (Qwen2.5-1.5B's shape on the GPU, or the smoke preset's tiny one) saved in bf16 with a
+    tokenizer trained here into `folder`/model, generated problems into `folder`/data; what later steps need to
+    know of them in `folder`/assets.json."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import grpo_demo
+    from grpo_kit import smoke
+
+    answer_format = grpo_demo.ANSWER_FORMAT
+    rows = smoke.make_problems(512)
+    tokenizer = smoke.build_tokenizer(smoke.corpus(answer_format, rows), answer_format.tags, vocab_size=TOKENIZER_VOCAB)
+    facts = {"gpu": None, "gpu_memory_gib": None}
+    if dry_run:
+        model = smoke.build_tiny_model(tokenizer)
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("No CUDA GPU here: this check needs one (--dry-run checks its code path on a CPU)")
+        torch.manual_seed(0)
+        special = dict(
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        with torch.device("cuda"):  # random init on the GPU: seconds, where the CPU takes minutes
+            model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_1_5B, **special))
+        facts["gpu"] = torch.cuda.get_device_name(0)
+        facts["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    data = smoke.write_gsm8k_folder(folder / "data", n_train=TRAIN_PROBLEMS, n_test=n_test)
+    questions = [json.loads(line)["question"] for line in (data / "train.jsonl").read_text().splitlines()]
+    prompt_tokens = [
+        len(tokenizer.apply_chat_template(grpo_demo.chat_prompt(q), add_generation_prompt=True, return_dict=False))
+        for q in questions
+    ]
+    facts.update(
+        tokenizer_tokens=len(tokenizer),
+        model_vocab=model.config.vocab_size,
+        parameters=sum(p.numel() for p in model.parameters()),
+        max_prompt_tokens=max(prompt_tokens),
+    )
+    (folder / "assets.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+    return facts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A variant: its settings, its run
+
+
+def generation_kwargs(variant: Variant, completion: int, assets: dict) -> dict:
+    """Every completion runs to `completion` tokens (end of turn forbidden before), sampled from the tokenizer's
+    ids only (the random model's other ids would be text the rewards never see, vLLM could not even decode them)."""
+    tokens, vocab = assets["tokenizer_tokens"], assets["model_vocab"]
+    if variant.generation == "vllm":  # vLLM's SamplingParams
+        return {"min_tokens": completion, "allowed_token_ids": list(range(tokens))}
+    kwargs = {"min_new_tokens": completion}  # transformers' GenerationConfig
+    if vocab > tokens:
+        kwargs["suppress_tokens"] = list(range(tokens, vocab))
+    return kwargs
+
+
+def recipe_command(variant: Variant, folder: Path, assets_dir: Path, shape: dict, dry_run: bool) -> list[str]:
+    """`python grpo_demo.py ...` for `variant`: the settings on the command line, generation_kwargs (a long list
+    on a GPU) in `folder`/generation.yaml."""
+    assets = json.loads((assets_dir / "assets.json").read_text(encoding="utf-8"))
+    config = {"generation_kwargs": generation_kwargs(variant, shape["completion"], assets)}
+    if variant.generation == "vllm":  # vLLM sizes its cache for the longest prompt and completion, not 32k
+        config["vllm_max_model_length"] = assets["max_prompt_tokens"] + shape["completion"]
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's: seconds faster for the GPU's long list
+    (folder / "generation.yaml").write_text(yaml.dump(config, Dumper=dumper, default_flow_style=None, width=120))
+    settings = {
+        "model_name_or_path": assets_dir / "model",
+        "dataset": assets_dir / "data",
+        "output_dir": folder / "output",
+        "run_name": f"gpu-check-{variant.name}",
+        "report_to": "none",
+        "max_steps": shape["steps"],
+        "save_strategy": "no",
+        "log_completions": "false",
+        "final_eval": "true",
+        "eval_every_steps": 0,
+        "eval_limit": shape["eval_limit"],
+        "warmup_steps": 0,
+        "num_generations": shape["num_generations"],
+        "per_device_train_batch_size": shape["per_device_train_batch_size"],
+        "gradient_accumulation_steps": shape["gradient_accumulation_steps"],
+        "max_completion_length": shape["completion"],
+    }
+    if dry_run:
+        settings.update(use_cpu="true", bf16="false")
+    flags = [str(item) for name, value in settings.items() for item in (f"--{name}", value)]
+    return [sys.executable, str(RECIPE), "--config", str(folder / "generation.yaml"), *flags, *variant.flags]
+
+
+def recipe_env() -> dict[str, str]:
+    """The environment of every child: offline, no wandb."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def run_logged(command: list[str], cwd: Path, log_path: Path, timeout: float) -> tuple[int | None, float]:
+    """Run `command` with its output in `log_path`: (its exit code, None if it ran out of time; seconds). It runs in
+    a process group of its own, all of which is killed at the end (vLLM may start helper processes)."""
+    start = time.monotonic()
+    with log_path.open("w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=recipe_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = process.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:  # timed out, interrupted, or done: nothing of it may hold the GPU when the next variant starts
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return code, time.monotonic() - start
+
+
+def log_tail(log_path: Path, lines: int = 40) -> list[str]:
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a run left: trainer_state.json, run_record.json, eval/*/summary.json, the saved weights
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def steps_measured(log_history: list[dict], completions_per_step: int) -> dict:
+    """Step times, generated tokens per second and what the optimizer was asked to do, from TRL's per-step logs."""
+    steps = [entry for entry in log_history if "step_time" in entry]
+    if not steps:
+        return {"steps": 0}
+    later = steps[1:] or steps  # the first step pays for warm-up (kernels, allocator, vLLM's first sync)
+    seconds = sum(entry["step_time"] for entry in later)
+    tokens = sum(entry["completions/mean_length"] * completions_per_step for entry in later)
+    return {
+        "steps": len(steps),
+        "step_seconds": [round(entry["step_time"], 3) for entry in steps],
+        "first_step_s": round(steps[0]["step_time"], 3),
+        "mean_step_s": round(seconds / len(later), 3),
+        "completions_per_step": completions_per_step,
+        "mean_completion_tokens": round(sum(e["completions/mean_length"] for e in steps) / len(steps), 1),
+        "generated_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        "learning_rates": [entry.get("learning_rate", 0.0) for entry in steps],
+        "steps_with_gradient": sum(1 for entry in steps if entry.get("grad_norm", 0.0) > 0),
+        "reward_std": [round(entry.get("reward_std", 0.0), 4) for entry in steps],
+    }
+
+
+def weight_movement(start_dir: Path, trained_dir: Path, adapters: bool) -> dict | None:
+    """How far training moved the trainable weights: the share that changed at all and the mean |change|.
+
+    Full fine-tuning: the saved weights against the start model's (bf16, exact in fp32). LoRA / QLoRA: the B
+    matrices, which start at zero (the A matrices start random, unknown here). None if nothing was saved.
+    """
+    import torch
+    from safetensors import safe_open
+
+    pattern = "adapter_model*.safetensors" if adapters else "model*.safetensors"
+    trained_files = sorted(trained_dir.glob(pattern))
+    if not trained_files:
+        return None
+    count = moved = 0
+    total_change = 0.0
+    with contextlib.ExitStack() as stack:
+        start = {}  # name -> the open start file that holds it
+        for path in [] if adapters else sorted(start_dir.glob("model*.safetensors")):
+            handle = stack.enter_context(safe_open(path, framework="pt"))
+            start.update(dict.fromkeys(handle.keys(), handle))
+        for path in trained_files:
+            trained = stack.enter_context(safe_open(path, framework="pt"))
+            names = trained.keys()  # a safetensors file is not iterable itself
+            for name in names:
+                if not ("lora_B" in name if adapters else name in start):
+                    continue
+                change = trained.get_tensor(name).float()
+                if not adapters:
+                    change -= start[name].get_tensor(name).float()
+                change = change.abs_()
+                count += change.numel()
+                moved += int(torch.count_nonzero(change))
+                total_change += float(change.sum(dtype=torch.float64))
+    if not count:
+        return None
+    return {
+        "measured_on": "LoRA B matrices" if adapters else "all weights",
+        "parameters": count,
+        "moved_fraction": round(moved / count, 4),
+        "mean_abs_change": total_change / count,
+    }
+
+
+def measure(variant: Variant, folder: Path, start_model: Path, completions_per_step: int) -> dict:
+    """Everything the check reports of a variant that ran, from the files it left."""
+    output = folder / "output"
+    state = read_json(output / "trainer_state.json") or {}
+    record = read_json(output / "run_record.json") or {}
+    result = steps_measured(state.get("log_history", []), completions_per_step)
+    model = record.get("model") or {}
+    result["model"] = model
+    result["flash_attention"] = model.get("attention") == "flash_attention_2" if model else None
+    result["peak_gpu_memory_gib"] = record.get("peak_gpu_memory_gib")  # torch's count; CUDA only
+    result["evaluation"] = {
+        name: {"n": summary["n"], "seconds": summary["seconds"]} if summary else None
+        for name in ("baseline", "final")
+        for summary in [read_json(output / "eval" / name / "summary.json")]
+    }
+    movement = weight_movement(start_model, output, variant.adapters)
+    if movement:
+        expected = sum(result.get("learning_rates", []))  # AdamW moves a weight by about lr per step
+        movement["expected_mean_abs_change"] = expected
+        movement["realised_over_expected"] = round(movement["mean_abs_change"] / expected, 3) if expected else None
+    result["movement"] = movement
+    return result
+
+
+def problems(variant: Variant, result: dict, steps: int) -> list[str]:
+    """Why a variant that ran does not pass; empty when it does."""
+    found = []
+    if result.get("steps") != steps:
+        found.append(f"ran {result.get('steps', 0)} of {steps} steps (trainer_state.json)")
+    elif not variant.comparison_only and result["steps_with_gradient"] == 0:
+        found.append("no step had a gradient (grad_norm 0: equal rewards in every group): nothing was learned")
+    if not result.get("model"):
+        found.append("no run_record.json with the model's facts")
+    for name, summary in result["evaluation"].items():
+        if summary is None:
+            found.append(f"no eval/{name}/summary.json")
+    movement = result["movement"]
+    if movement is None:
+        found.append("no trained weights saved in the output folder")
+    elif not variant.adapters and not variant.comparison_only and movement["moved_fraction"] < MIN_MOVED:
+        found.append(f"only {movement['moved_fraction']:.1%} of the weights moved (at least {MIN_MOVED:.0%} expected)")
+    return found
+
+
+def remove_weights(output: Path) -> None:
+    """The trained weights are random and large (6 GB for full fine-tuning): gone once compared."""
+    for path in output.glob("*.safetensors"):
+        path.unlink()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The check
+
+
+def available(variant: Variant, dry_run: bool) -> str | None:
+    """Why `variant` cannot run here, None when it can."""
+    if dry_run and variant.name not in DRY_RUN_VARIANTS:
+        return "needs a CUDA GPU (the dry run covers full and lora)"
+    if variant.needs and importlib.util.find_spec(variant.needs) is None:
+        return f"{variant.needs} is not installed (pip install -r requirements-gpu.txt)"
+    return None
+
+
+def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeout: float, limit: str) -> dict:
+    """Run one variant of the recipe and measure what it left; `limit` says what set `timeout`."""
+    folder = work / variant.name
+    shutil.rmtree(folder, ignore_errors=True)  # this check's own folder: nothing stale may pass for a result
+    folder.mkdir(parents=True)
+    command = recipe_command(variant, folder, work / "assets", shape, dry_run)
+    print(f"{variant.name}: running (log: {folder / 'log.txt'})", flush=True)
+    code, seconds = run_logged(command, folder, folder / "log.txt", timeout)
+    result = {"command": shlex.join(command), "wall_s": round(seconds, 1), "log": str(folder / "log.txt")}
+    if code != 0:
+        tail = log_tail(folder / "log.txt")
+        last_line = tail[-1].strip() if tail else f"exit code {code}"
+        error = f"stopped after {timeout:.0f} s: {limit}" if code is None else last_line
+        status = "did not run" if variant.comparison_only else "failed"
+        return {**result, "status": status, "exit_code": code, "error": error, "log_tail": tail}
+    completions_per_step = shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"]
+    result.update(measure(variant, folder, work / "assets" / "model", completions_per_step))
+    remove_weights(folder / "output")
+    if variant.generation == "vllm":
+        gpu_memory = json.loads((work / "assets" / "assets.json").read_text())["gpu_memory_gib"]
+        result["vllm_reserved_gib"] = round(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory, 1) if gpu_memory else None
+        result["memory_note"] = VLLM_MEMORY_NOTE
+    found = problems(variant, result, shape["steps"])
+    result["problems"] = found
+    result["status"] = "passed" if not found else "ran, with problems" if variant.comparison_only else "failed"
+    return result
+
+
+def plan(names: list[str], shape: dict, dry_run: bool) -> list[tuple[Variant, str | None, float]]:
+    """The variants asked for, in the check's order, each with why it cannot run here (None when it can) and the
+    seconds it is expected to take."""
+    return [
+        (v, available(v, dry_run), DRY_RUN_ESTIMATE_S if dry_run else v.estimate(shape["steps"], shape["completion"]))
+        for v in VARIANTS
+        if v.name in names
+    ]
+
+
+def chosen(args) -> tuple[dict, list[str]]:
+    """The batch shape and the variants' names the command line asks for."""
+    shape = dict(DRY_RUN if args.dry_run else REAL)
+    for key in ("steps", "completion"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    default = DRY_RUN_VARIANTS if args.dry_run else BY_NAME
+    names = args.variants.split(",") if args.variants else list(default)
+    unknown = sorted(set(names) - BY_NAME.keys())
+    if unknown:
+        sys.exit(f"--variants: unknown {unknown}; choose from {', '.join(BY_NAME)}")
+    return shape, names
+
+
+def check(args) -> dict:
+    """Build the assets, run the variants while the budget lasts: the report, less its environment."""
+    deadline = time.monotonic() + args.budget
+    shape, names = chosen(args)
+    work = Path(args.work).resolve()
+    settings = {**shape, "dry_run": args.dry_run, "budget_s": args.budget, "timeout_s": args.timeout}
+    settings.update(vllm_gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION, work=str(work))
+    report = {"check": "GRPO recipe, " + ("tiny model on the CPU (dry run)" if args.dry_run else "one GPU")}
+    report.update(settings=settings, variants={})
+
+    planned = plan(names, shape, args.dry_run)
+    runnable = [(v.name, estimate) for v, unavailable, estimate in planned if not unavailable]
+    total = sum(estimate for _, estimate in runnable) + (0 if args.dry_run else BUILD_ESTIMATE_S)
+    print(
+        f"Plan: {', '.join(f'{name} ~{estimate:.0f} s' for name, estimate in runnable)}; ~{total:.0f} s in all, "
+        f"of a {args.budget:.0f} s budget",
+        flush=True,
+    )
+
+    # 1. the model, tokenizer and problems, in a process of their own
+    shutil.rmtree(work / "assets", ignore_errors=True)
+    (work / "assets").mkdir(parents=True)
+    build = [sys.executable, __file__, "--_build", str(work / "assets"), "--_n_test", str(max(shape["eval_limit"], 16))]
+    build += ["--dry-run"] if args.dry_run else []
+    print("Building the model, tokenizer and problems...", flush=True)
+    code, seconds = run_logged(build, work, work / "assets" / "build.log", args.budget)
+    if code != 0:
+        tail = log_tail(work / "assets" / "build.log")
+        report["build"] = {"wall_s": round(seconds, 1), "error": tail[-1] if tail else "?", "log_tail": tail}
+        report["failures"] = [f"building the model failed: {report['build']['error']}"]
+        return report
+    report["build"] = {"wall_s": round(seconds, 1), **read_json(work / "assets" / "assets.json")}
+    print(f"Built in {seconds:.0f} s: {work / 'assets'}", flush=True)
+
+    # 2. the variants, each in its own process, while the budget lasts
+    spent = estimated = 0.0  # of the variants that ran through so far: their wall time against their estimates
+    for variant, unavailable, estimate in planned:
+        expected = estimate * (spent / estimated if estimated else 1.0)  # estimates scaled by how they fared
+        left = deadline - time.monotonic()
+        entry = {"generation": variant.generation, "flags": list(variant.flags), "estimated_s": round(estimate)}
+        if unavailable:
+            result = {"status": "skipped", "reason": unavailable}
+        elif expected > left:
+            reason = f"the budget's {left:.0f} s left would not cover ~{expected:.0f} s"
+            result = {"status": "skipped", "reason": reason}
+        else:
+            limit = "--timeout" if args.timeout <= left else f"the budget ran out (estimated ~{expected:.0f} s)"
+            result = run_variant(variant, work, shape, args.dry_run, min(args.timeout, left), limit)
+            if result["status"] in ("passed", "ran, with problems"):  # a quick failure says nothing of time
+                spent, estimated = spent + result["wall_s"], estimated + estimate
+            print(f"{variant.name}: {result['status']} in {result['wall_s']:.0f} s", flush=True)
+            if result["status"] in ("failed", "did not run"):
+                print("\n".join(result.get("log_tail", [])[-15:]) or result.get("error", ""), file=sys.stderr)
+        report["variants"][variant.name] = {**entry, **result}
+
+    compare_generation(report["variants"])
+    report["failures"] = failures(report["variants"])
+    return report
+
+
+def compare_generation(results: dict) -> None:
+    """vLLM and continuous batching against `full` (transformers' generate): how many times faster a step is."""
+    full = results.get("full", {}).get("mean_step_s")
+    for name in ("full-vllm", "cb-bf16"):
+        other = results.get(name, {}).get("mean_step_s")
+        if full and other:
+            results[name]["step_speedup_vs_full"] = round(full / other, 2)
+
+
+def failures(results: dict) -> list[str]:
+    """Why the check fails; empty when it passes."""
+    found = []
+    for name, result in results.items():
+        if result["status"] == "failed":
+            found += [f"{name}: {p}" for p in result.get("problems") or [result["error"]]]
+    checked = [name for name, r in results.items() if r["status"] == "passed" and not BY_NAME[name].comparison_only]
+    if not found and not checked:
+        found.append("no variant ran: nothing was checked")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The table
+
+
+def _num(value, fmt: str = ",.1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _row(name: str, r: dict) -> str:
+    if r["status"] in ("skipped", "failed", "did not run") and "steps" not in r:
+        reason = (r.get("reason") or r.get("error") or "")[:150].replace("|", "/")
+        return f"| {name} | {r['status']}: {reason} |" + " |" * 12
+    model, movement, evaluation = r.get("model") or {}, r.get("movement") or {}, r.get("evaluation") or {}
+    memory = r.get("peak_gpu_memory_gib")
+    dtypes = f"{'+'.join(model.get('weights_dtype', []))} / {'+'.join(model.get('trainable_dtype', []))}"
+    trainable = model.get("trainable_parameters")
+    evals = " / ".join(_num((evaluation.get(n) or {}).get("seconds")) for n in ("baseline", "final"))
+    cells = [
+        name,
+        r["status"],
+        r["generation"],
+        dtypes,
+        model.get("attention", "-"),
+        "-" if trainable is None else f"{trainable / 1e6:,.2f} M",
+        _num(r.get("mean_step_s"), ".2f"),
+        _num(r.get("generated_tokens_per_s"), ",.0f"),
+        "-" if not memory else f"{memory['allocated']:.1f} / {memory['reserved']:.1f}",
+        _num(r.get("vllm_reserved_gib")),
+        "-" if not movement else f"{movement['moved_fraction']:.1%}",
+        _num(movement.get("realised_over_expected"), ".2f"),
+        evals,
+        _num(r.get("wall_s"), ".0f"),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(results: dict) -> str:
+    header = [
+        "variant", "status", "generation", "weights / trainable dtype", "attention", "trainable", "step (s)",
+        "generated tokens/s", "peak GPU GiB, torch (allocated / reserved)", "vLLM reserves (GiB)", "weights moved",
+        "mean move / expected", "eval s (before / after)", "wall (s)",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + [_row(name, r) for name, r in results.items()])
+
+
+def environment() -> dict:
+    from grpo_kit import record
+
+    return {"versions": record.package_versions(), "hardware": record.hardware()}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    dry, real = DRY_RUN, REAL
+    parser.add_argument("--dry-run", action="store_true", help="the tiny model on the CPU: the code path only")
+    parser.add_argument(
+        "--variants", help=f"comma-separated, of {', '.join(BY_NAME)}; default: all (dry run: full,lora)"
+    )
+    parser.add_argument(
+        "--steps", type=int, help=f"optimizer steps per variant, the first one warm-up (default {real['steps']}, "
+        f"dry run {dry['steps']})"
+    )  # fmt: skip
+    parser.add_argument(
+        "--completion", type=int, help=f"tokens per completion, every one generated (default {real['completion']}, "
+        f"dry run {dry['completion']})"
+    )  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds one variant may take")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all: what would not fit is skipped")
+    parser.add_argument("--json", default="outputs/gpu_check.json", help="where the report is written")
+    parser.add_argument("--work", default="outputs/gpu_check", help="the assets; per variant its settings, log, output")
+    parser.add_argument("--_build", help=argparse.SUPPRESS)  # internal: build the assets into this folder
+    parser.add_argument("--_n_test", type=int, default=16, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+
+    if args._build:
+        build_assets(Path(args._build), args.dry_run, args._n_test)
+        return
+
+    started = time.monotonic()
+    checked = check(args)
+    report = {"passed": not checked["failures"], "wall_s": round(time.monotonic() - started, 1), **checked}
+    report["environment"] = environment()
+    shape = report["settings"]
+    prompts = shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"] // shape["num_generations"]
+    print(
+        f"\nGRPO, {'tiny model (dry run, CPU)' if args.dry_run else 'Qwen2.5-1.5B-Instruct shape, random weights'}: "
+        f"{prompts} prompts x {shape['num_generations']} generations x {shape['completion']} tokens per step, "
+        f"{shape['steps']} steps per variant (step time: mean after the first), {report['wall_s']:.0f} s in all\n"
+    )
+    print(table(report["variants"]))
+    for name, result in report["variants"].items():
+        if result.get("memory_note"):
+            print(f"{name}: {result['memory_note']} ({result['vllm_reserved_gib']} GiB)")
+        if result["status"] == "ran, with problems":
+            print(f"{name} (a comparison, not counted): {'; '.join(result['problems'])}")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    verdict = "PASSED" if report["passed"] else "FAILED:\n" + "\n".join(f"  - {f}" for f in report["failures"])
+    print(f"\n{verdict}\nReport: {path}")
+    sys.exit(0 if report["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
