@@ -24,6 +24,7 @@ Where this recipe departs from the reference script it descends from, and why:
 from __future__ import annotations
 
 import logging
+import sys
 
 from grpo_kit.answer_format import AnswerFormat
 from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
@@ -194,6 +195,8 @@ def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
         max_tokens,
         f" (rows {long_rows[:20]})" if long_rows else "",
     )
+    if len(long_rows) == len(lengths):
+        sys.exit(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
     return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data
 
 

@@ -158,8 +158,13 @@ def local_paths(v: dict, preset) -> list[str]:
     if dataset and not presets.writes(preset, "dataset", dataset) and not (Path(dataset) / "train.jsonl").is_file():
         out.append(f"dataset={dataset}: no train.jsonl there (a folder like GSM8K's, or leave it unset)")
     local = model.startswith((".", "/", "~")) and not presets.writes(preset, "model_name_or_path", model)
-    if local and not Path(model).expanduser().is_dir():
+    folder = Path(model).expanduser()
+    if local and not folder.is_dir():
         out.append(f"model_name_or_path={model}: no such folder (a local model folder or a Hub id)")
+    elif folder.is_dir() and not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
+        found = checkpoints(folder)
+        hint = f": its newest checkpoint is {found[-1]}" if found else " (a saved model or adapter folder)"
+        out.append(f"model_name_or_path={model}: no model in it, no config.json or adapter_config.json{hint}")
     resume = v["resume_from_checkpoint"]
     if resume and resume not in RESUME_LATEST and not Path(resume).is_dir():
         out.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")
@@ -256,12 +261,16 @@ def vllm(v: dict) -> list[str]:
 
 
 def generation_precision(v: dict) -> list[str]:
-    """trl 1.16 casts the model to bf16 in place before every continuous-batching generation (grpo_trainer.py,
-    `_generate_single_turn`: `unwrapped_model.to(torch.bfloat16)`), which throws away fp32 weights and adapters."""
-    if v["use_transformers_continuous_batching"] and v["bf16"] and v["dtype"] != "bfloat16":
+    """trl 1.16 casts the whole model to bf16 (fp16) in place before every continuous-batching generation
+    (grpo_trainer.py, `_generate_single_turn`: `unwrapped_model.to(torch.bfloat16)`), which throws away fp32
+    weights, and the fp32 adapters PEFT makes even on a half-precision base."""
+    if not v["use_transformers_continuous_batching"]:
+        return []
+    half = "bfloat16" if v["bf16"] else "float16" if v["fp16"] else None
+    if half and (v["use_peft"] or v["dtype"] != half):
         return [
-            "use_transformers_continuous_batching: TRL casts the model to bf16 in place before each such "
-            "generation, which would drop this run's fp32 weights (and fp32 LoRA adapters): generate with vLLM "
+            f"use_transformers_continuous_batching: TRL casts the model to {half} in place before each such "
+            "generation, which would drop this run's fp32 weights (or fp32 LoRA adapters): generate with vLLM "
             "(--use_vllm) or with transformers' generate (the default)"
         ]
     return []
@@ -269,6 +278,11 @@ def generation_precision(v: dict) -> list[str]:
 
 def evaluation_processes(v: dict) -> list[str]:
     """What evaluation can do under several processes (it runs collectively: each process a shard)."""
+    if world_size() > 1 and v["ask"] is not None:
+        return [
+            "ask answers one question in one process: start it with python, not accelerate launch "
+            "(under ZeRO-3 a model loaded by one process alone would wait for the others forever)"
+        ]
     if not (v["eval_only"] and world_size() > 1):
         return []
     out = []

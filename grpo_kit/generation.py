@@ -74,7 +74,7 @@ def generate_greedy(
     model.eval()
     try:
         bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
-        with torch.inference_mode(), bar:
+        with torch.no_grad(), bar:  # not inference_mode: a buffer made here may meet autograd when training resumes
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
                 input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad)

@@ -29,7 +29,7 @@ def load_tokenizer(model_args, training_args, path: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(
             name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
         )
-    except OSError as err:  # not on disk, not in the cache, and the Hub unreachable or gated
+    except (OSError, ValueError) as err:  # not on disk, not cached, Hub unreachable or gated; a folder without one
         sys.exit(
             f"Could not load the model {name!r} ({str(err).splitlines()[0][:200]}).\n"
             "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
@@ -104,11 +104,15 @@ def load_for_inference(model_args, training_args, path: str | None = None):
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM
 
-    name = path or model_args.model_name_or_path
+    name, dtype = path or model_args.model_name_or_path, inference_dtype(model_args, training_args)
+    attention = model_args.attn_implementation
+    if attention == "flash_attention_2" and dtype not in ("bfloat16", "float16"):
+        logger.warning("flash-attention 2 computes in bf16/fp16 only and this model loads in %s: using sdpa", dtype)
+        attention = "sdpa"  # no autocast here: transformers would hand flash-attn fp32 tensors
     model = AutoModelForCausalLM.from_pretrained(
         name,
-        dtype=inference_dtype(model_args, training_args),
-        attn_implementation=model_args.attn_implementation,
+        dtype=dtype,
+        attn_implementation=attention,
         revision=model_args.model_revision,
         trust_remote_code=training_args.trust_remote_code,
     )

@@ -9,11 +9,8 @@ from grpo_kit import evaluation, generation, models, reports
 
 
 def ask(question: str, model_args, training_args, answer_format) -> None:
-    """Print a sampled answer of `--model_name_or_path` to `question`, in the recipe's prompt (main process only)."""
-    from accelerate import PartialState
-
-    if not PartialState().is_main_process:
-        return
+    """Print a sampled answer of `--model_name_or_path` to `question`, in the recipe's prompt (one process:
+    `checks.evaluation_processes` refuses several)."""
     tokenizer = models.load_tokenizer(model_args, training_args)
     model = models.load_for_inference(model_args, training_args)
     messages = answer_format.chat_prompt(question)

@@ -101,9 +101,14 @@ def model_facts(model) -> dict:
         "weights_dtype": sorted({str(p.dtype).removeprefix("torch.") for p in params}),
         "trainable_dtype": sorted({str(p.dtype).removeprefix("torch.") for p in trainable}),
         "attention": getattr(model.config, "_attn_implementation", None),
-        "parameters": sum(p.numel() for p in params),
-        "trainable_parameters": sum(p.numel() for p in trainable),
+        "parameters": sum(_numel(p) for p in params),
+        "trainable_parameters": sum(_numel(p) for p in trainable),
     }
+
+
+def _numel(param) -> int:
+    """Elements of a parameter, whole even when DeepSpeed ZeRO-3 keeps only this process's shard of it."""
+    return getattr(param, "ds_numel", None) or param.numel()
 
 
 def start(trainer, settings: dict, dataset) -> dict | None:

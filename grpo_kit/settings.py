@@ -71,8 +71,11 @@ def setup_logging() -> None:
 
 def read_config_flag(argv: list[str]) -> tuple[list[str], dict]:
     """Split `--config FILE` off the command line: the rest of it, and the YAML's values (its `env:` is applied)."""
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if "--config" not in argv:
         return argv, {}
+    if argv.count("--config") > 1:
+        sys.exit("--config is given twice: one YAML file, then the command line for what differs")
     i = argv.index("--config")
     if i + 1 >= len(argv):
         sys.exit("--config needs a YAML file: --config recipe.yaml")
@@ -102,7 +105,10 @@ def run_names(model_name: str) -> dict:
 def _parser():
     from trl import GRPOConfig, ModelConfig, TrlParser
 
-    return TrlParser((RunArguments, GRPOConfig, ModelConfig))
+    parser = TrlParser((RunArguments, GRPOConfig, ModelConfig))
+    # Read (and taken off the command line) by read_config_flag; listed here for --help.
+    parser.add_argument("--config", help="A YAML file of settings (any of these); the command line wins over it")
+    return parser
 
 
 def given_on_command_line(argv: list[str]) -> dict:
@@ -124,13 +130,18 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     chosen = {**yaml_values, **given_on_command_line(argv)}  # what the user set, either way
     preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
+    native_bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)  # Ampere or newer
     defaults = {
         **recipe_defaults,
-        "bf16": cuda,  # bf16 compute (autocast) on a GPU; the weights' dtype is the recipe's choice (dtype None)
+        # bf16 compute (autocast) on a GPU that has it (or fp16 when asked); the weights' dtype is the recipe's
+        # choice (dtype None). Older GPUs compute in fp32 unless --fp16 true.
+        "bf16": native_bf16 and not chosen.get("fp16"),
         "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
         "dtype": None,
         **(preset.DEFAULTS if preset else {}),
     }
+    if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
+        logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
     # The output folder and run name follow the model, wherever it was chosen (a preset names its own).
     defaults = {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
 
@@ -140,12 +151,18 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     if unknown or unknown_cli:
         sys.exit(f"Unknown settings: {unknown + unknown_cli} (python grpo_demo.py --help lists them)")
     values = vars(namespace)
+    values.pop("config", None)
     found = checks.problems(values, n_rewards=len(reward_funcs), tags=answer_format.tags)
     if found:
         sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in found))
     for warning in checks.warnings(values):
         logger.warning(warning)
-    values["resume_from_checkpoint"] = checks.resolve_resume(values["resume_from_checkpoint"], values["output_dir"])
+    asked = values["resume_from_checkpoint"]
+    values["resume_from_checkpoint"] = checks.resolve_resume(asked, values["output_dir"])
+    if asked in checks.RESUME_LATEST and values["resume_from_checkpoint"] is None:
+        logger.warning(
+            "--resume_from_checkpoint %s: no checkpoint in %s yet: starting afresh", asked, values["output_dir"]
+        )
     settings = SimpleNamespace(**values)
     values["attn_implementation"] = models.attention(settings, settings)  # flash-attention where it can run
     return values

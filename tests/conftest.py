@@ -94,6 +94,11 @@ def gsm8k_dir(tmp_path_factory):
 def fake_cuda(monkeypatch):
     """A machine that says it has an Ampere-or-newer CUDA GPU with flash-attn installed, for settings only: nothing
     is placed on it, and the trainer's arguments (which would set up the device) are not built."""
+    pretend_cuda(monkeypatch)
+
+
+def pretend_cuda(monkeypatch) -> None:
+    """See `fake_cuda`; for a `pytest.MonkeyPatch.context()` of a test's own."""
     import importlib.util
     import sys
     import types
@@ -104,6 +109,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(

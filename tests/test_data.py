@@ -106,6 +106,12 @@ def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
     assert "1 over 256 tokens dropped (rows [2])" in caplog.text
 
 
+def test_every_prompt_over_the_cap_stops_the_run(tmp_path, tiny):
+    data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=4, n_test=1)))
+    with pytest.raises(SystemExit, match="Every prompt is over 10 tokens: nothing to train on. Raise --max_prompt"):
+        grpo_demo.drop_long_prompts(data, tiny[0], max_tokens=10)
+
+
 def test_the_same_data_gives_the_same_fingerprint_and_other_data_another(tmp_path):
     a, b, c = (
         grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / name, 8, 1, seed=seed)))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import grpo_demo
-from grpo_kit import evaluation, generation, modes, reports, scoring
+from grpo_kit import evaluation, generation, reports, scoring
 
 FMT = grpo_demo.ANSWER_FORMAT
 ANSWER = "<reasoning>\n{r}\n</reasoning>\n<answer>\n{a}\n</answer>"
@@ -231,11 +231,3 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
     expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
     assert expected and printed == expected + "\n"
-
-
-def test_ask_prints_nothing_on_other_processes(monkeypatch, capsys):
-    from accelerate import PartialState
-
-    monkeypatch.setattr(PartialState, "is_main_process", property(lambda self: False))
-    modes.ask("How many?", None, None, FMT)  # would fail loading anything
-    assert capsys.readouterr().out == ""

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import pretend_cuda
 
 import grpo_demo
 from grpo_kit import evaluation, models, settings
@@ -110,10 +111,18 @@ def movement(start: dict, end: dict) -> float:
     return sum((end[name] - start[name]).abs().sum().item() for name in start)
 
 
+def gpu_precision(lora: bool) -> tuple[str, bool]:
+    """(weights' dtype, bf16 compute) as the recipe chooses them on a CUDA machine."""
+    with pytest.MonkeyPatch.context() as patch:
+        pretend_cuda(patch)
+        chosen = resolved(["--use_peft"] if lora else [])
+        return grpo_demo.weights_dtype(chosen, chosen), chosen.bf16
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full fine-tuning", "LoRA"])
 def test_the_gpu_precision_realises_the_fp32_update_and_pure_bf16_does_not(tiny_dir, gsm8k_dir, tmp_path, lora):
-    recipe = "bfloat16" if lora else "float32"  # what weights_dtype picks on CUDA (test above)
-    start, end, trainable, seen = train(tiny_dir, gsm8k_dir, tmp_path, recipe, bf16=True, lora=lora)
+    dtype, bf16 = gpu_precision(lora)  # the recipe's choice on CUDA, trained on the CPU (bf16 autocast runs there)
+    start, end, trainable, seen = train(tiny_dir, gsm8k_dir, tmp_path, dtype, bf16=bf16, lora=lora)
     fp32_start, fp32_end, _, _ = train(tiny_dir, gsm8k_dir, tmp_path, "float32", bf16=False, lora=lora)
     realised = movement(start, end) / movement(fp32_start, fp32_end)
     assert realised >= 0.95, f"the recipe's GPU precision realised {realised:.1%} of the fp32 run's movement"

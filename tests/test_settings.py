@@ -74,6 +74,7 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
 )
 def test_output_folder_and_run_name_follow_the_model(tmp_path, model, output_dir, run_name):
     (tmp_path / "my-local-model").mkdir()
+    (tmp_path / "my-local-model" / "config.json").write_text("{}")
     chosen = resolved(["--model_name_or_path", model.format(tmp=tmp_path)])
     assert (chosen.output_dir, chosen.run_name) == (output_dir, run_name)
 
@@ -176,6 +177,27 @@ def test_bad_tag_names_in_an_edited_format_are_refused():
     assert "the reasoning and answer tags are both '<a>'" in refused([], same)
 
 
+def test_a_model_folder_without_a_model_names_its_newest_checkpoint(tmp_path):
+    (tmp_path / "crashed" / "checkpoint-20").mkdir(parents=True)
+    (tmp_path / "crashed" / "checkpoint-20" / "trainer_state.json").write_text("{}")
+    message = refused(["--eval_only", "--model_name_or_path", str(tmp_path / "crashed")])
+    assert "no model in it, no config.json or adapter_config.json: its newest checkpoint is" in message
+    assert str(tmp_path / "crashed" / "checkpoint-20") in message
+
+
+def test_config_as_one_argument_and_twice(tmp_path):
+    (tmp_path / "a.yaml").write_text("max_steps: 7\n")
+    assert resolved([f"--config={tmp_path / 'a.yaml'}"]).max_steps == 7
+    assert "--config is given twice" in refused(["--config", "a.yaml", "--config", "a.yaml"])
+
+
+def test_resuming_latest_where_there_is_no_checkpoint_says_it_starts_afresh(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved(["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint is None
+    assert "--resume_from_checkpoint latest: no checkpoint in" in caplog.text and "starting afresh" in caplog.text
+
+
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
     (tmp_path / "run" / "checkpoint-300").mkdir(parents=True)
     (tmp_path / "run" / "checkpoint-300" / "trainer_state.json").write_text("{}")
@@ -248,10 +270,33 @@ def test_qlora_with_vllm_is_refused_with_the_alternatives(gpu_extras):
     assert resolved(["--use_peft", "--use_vllm"]).use_vllm  # LoRA on the bf16 base with vLLM is fine
 
 
-def test_continuous_batching_that_would_cast_fp32_weights_to_bf16_is_refused(gpu_extras):
-    message = refused(["--use_transformers_continuous_batching", "true"])
-    assert "TRL casts the model to bf16 in place before each such generation" in message
-    assert resolved(["--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"])  # nothing to lose
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--use_peft", "--dtype", "bfloat16"], ["--bf16", "false", "--fp16", "true"]],
+    ids=["fp32 weights", "fp32 adapters", "fp32 weights, fp16"],
+)
+def test_continuous_batching_that_would_cast_fp32_weights_to_half_is_refused(gpu_extras, extra):
+    message = refused(["--use_transformers_continuous_batching", "true", *extra])
+    assert "in place before each such generation, which would drop this run's fp32 weights" in message
+
+
+def test_continuous_batching_on_bf16_weights_is_allowed(gpu_extras):
+    chosen = resolved(["--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"])
+    assert (chosen.use_transformers_continuous_batching, chosen.dtype) == (True, "bfloat16")  # nothing to lose
+
+
+def test_fp16_on_a_gpu_replaces_the_bf16_default(fake_cuda):
+    chosen = resolved(["--fp16", "true"])
+    assert (chosen.fp16, chosen.bf16) == (True, False)
+    assert grpo_demo.weights_dtype(chosen, chosen) == "float32"  # fp32 weights, fp16 autocast
+
+
+def test_a_gpu_without_native_bf16_computes_in_fp32_and_says_so(fake_cuda, monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved([])
+    assert (chosen.bf16, chosen.fp16) == (False, False)
+    assert "no native bf16: training computes in fp32 (slow); --fp16 true" in caplog.text
 
 
 def test_use_vllm_without_vllm_names_the_gpu_requirements(monkeypatch):
@@ -272,8 +317,10 @@ def test_vllm_settings_that_cannot_work_are_named(gpu_extras, args, vllm, messag
     assert message in refused(args)
 
 
-def test_evaluation_only_under_several_processes(gpu_extras, monkeypatch):
+def test_evaluation_only_and_ask_under_several_processes(gpu_extras, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
+    ask = refused(["--ask", "How many?", "--per_device_train_batch_size", "4"])
+    assert "ask answers one question in one process: start it with python, not accelerate launch" in ask
     vllm = refused(["--eval_only", "--use_vllm", "--per_device_train_batch_size", "4"])
     assert "eval_only with use_vllm runs one vLLM engine, in one process: start it with python" in vllm
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
