@@ -192,7 +192,7 @@ def adapters(v: dict) -> list[str]:
 
 def quantization(v: dict) -> list[str]:
     bits = [name for name in ("load_in_4bit", "load_in_8bit") if v[name]]
-    if len(bits) == 2:
+    if len(bits) == 2:  # ModelConfig raises too, once built, without saying which one is QLoRA
         return ["load_in_4bit and load_in_8bit are both set: choose one (--load_in_4bit is QLoRA)"]
     out = []
     for name in bits:
