@@ -157,25 +157,31 @@ def chat_prompt(question: str) -> list[dict]:
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
     """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`.
 
-    Rows with no `####` answer, an empty question or a gold answer that is not a number are counted, named and
-    dropped (or, with `strict`, stop the run): a row without a usable answer would only ever teach noise.
+    Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
+    a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
+    answer would only ever teach noise.
     """
     from datasets import Dataset
 
     from grpo_kit.data import load_split, report_bad_rows
 
-    rows, bad = [], {}
-    for i, row in enumerate(load_split(split, dataset_dir, DATASET_NAME, DATASET_CONFIG)):
-        question, answer = (row.get("question") or "").strip(), extract_hash_answer(row.get("answer") or "")
+    examples, bad, named = load_split(split, dataset_dir, DATASET_NAME, DATASET_CONFIG)  # bad: unreadable lines
+    rows = []
+    for where, row in examples:
+        question, solution = row.get("question"), row.get("answer")
+        if not (isinstance(question, str) and isinstance(solution, str)):
+            bad.setdefault("a question or answer that is not text", []).append(where)
+            continue
+        question, answer = question.strip(), extract_hash_answer(solution)
         if answer is None:
-            bad.setdefault("no '####' answer", []).append(i)
+            bad.setdefault("no '####' answer", []).append(where)
         elif not question:
-            bad.setdefault("an empty question", []).append(i)
+            bad.setdefault("an empty question", []).append(where)
         elif parse_number(answer) is None:
-            bad.setdefault("a gold answer that is no number", []).append(i)
+            bad.setdefault("a gold answer that is no number", []).append(where)
         else:
             rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
-    report_bad_rows(bad, len(rows), split, dataset_dir or DATASET_NAME, strict)
+    report_bad_rows(bad, len(rows), split, named, strict)
     return Dataset.from_list(rows)
 
 

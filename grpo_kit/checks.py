@@ -8,6 +8,7 @@ only where they would otherwise fail later (after the model has loaded) or with 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 from importlib import metadata
@@ -82,6 +83,7 @@ def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
         *reward_weights(v, n_rewards),
         *tag_names(tags),
         *local_paths(v, preset),
+        *output_folder(v),
         *existing_checkpoints(v, preset),
         *adapters(v),
         *quantization(v),
@@ -104,8 +106,18 @@ def sizes(v: dict) -> list[str]:
             out.append(f"{name}={v[name]}: must be at least 1")
     if v["eval_every_steps"] < 0:
         out.append(f"eval_every_steps={v['eval_every_steps']}: 0 turns in-training accuracy off, N > 0 runs it")
-    if v["learning_rate"] <= 0:
-        out.append(f"learning_rate={v['learning_rate']}: must be positive (the recipe uses 5e-6)")
+    if not (math.isfinite(v["learning_rate"]) and v["learning_rate"] > 0):
+        out.append(f"learning_rate={v['learning_rate']}: must be a positive number (the recipe uses 5e-6)")
+    if not (math.isfinite(v["temperature"]) and v["temperature"] > 0):
+        out.append(f"temperature={v['temperature']}: sampling needs a positive temperature (the recipe uses 0.9)")
+    if v["seed"] < 0:
+        out.append(f"seed={v['seed']}: must be 0 or more (numpy refuses negative seeds)")
+    trains = not (v["eval_only"] or v["ask"] is not None)
+    if trains and (v["max_steps"] == 0 or v["max_steps"] < -1 or (v["max_steps"] == -1 and v["num_train_epochs"] <= 0)):
+        out.append(
+            f"max_steps={v['max_steps']}, num_train_epochs={v['num_train_epochs']}: this run would train nothing "
+            "(max_steps N > 0, or -1 with num_train_epochs > 0)"
+        )
     if v["ask"] is not None and not v["ask"].strip():
         out.append('ask is empty: give the question to answer, --ask "A train leaves at 3 pm..."')
     return out
@@ -169,6 +181,20 @@ def local_paths(v: dict, preset) -> list[str]:
     if resume and resume not in RESUME_LATEST and not Path(resume).is_dir():
         out.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")
     return out
+
+
+def output_folder(v: dict) -> list[str]:
+    """The output folder can be made and written: not empty, not a file, on a writable disk."""
+    output_dir = v["output_dir"]
+    if not output_dir or not str(output_dir).strip():
+        return ["output_dir is empty: name a folder for checkpoints and results (--output_dir outputs/my-run)"]
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        return [f"output_dir={output_dir}: a file is there, not a folder: choose another --output_dir"]
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [f"output_dir={output_dir}: {existing} cannot be written to: choose another --output_dir"]
+    return []
 
 
 def existing_checkpoints(v: dict, preset) -> list[str]:

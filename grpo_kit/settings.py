@@ -69,11 +69,12 @@ def setup_logging() -> None:
     )
 
 
-def read_config_flag(argv: list[str]) -> tuple[list[str], dict]:
-    """Split `--config FILE` off the command line: the rest of it, and the YAML's values (its `env:` is applied)."""
+def read_config_flag(argv: list[str]) -> tuple[list[str], dict, Path | None]:
+    """Split `--config FILE` off the command line: the rest of it, the YAML's values (its `env:` is applied), and
+    the file's path."""
     argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if "--config" not in argv:
-        return argv, {}
+        return argv, {}, None
     if argv.count("--config") > 1:
         sys.exit("--config is given twice: one YAML file, then the command line for what differs")
     i = argv.index("--config")
@@ -89,9 +90,41 @@ def read_config_flag(argv: list[str]) -> tuple[list[str], dict]:
         sys.exit(f"--config {path}: not a readable YAML file ({str(err).splitlines()[0]})")
     if not isinstance(values, dict):
         sys.exit(f"--config {path}: expected a mapping of setting: value")
-    for key, value in (values.pop("env", None) or {}).items():
-        os.environ[key] = str(value)
-    return argv[:i] + argv[i + 2 :], values
+    env = values.pop("env", None) or {}
+    if not isinstance(env, dict):
+        sys.exit(f"--config {path}: env: expected a mapping of VARIABLE: value")
+    for key, value in env.items():
+        os.environ[str(key)] = str(value)
+    return argv[:i] + argv[i + 2 :], values, path
+
+
+def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:
+    """(command-line tokens, values to set directly, unknown keys) for a YAML file's settings, so that its values
+    are typed and checked by the same parser as the command line's. Mappings (`generation_kwargs`) are set directly;
+    `null` means the default where the default is none."""
+    actions = {action.dest: action for action in parser._actions}
+    tokens, direct, unknown = [], {}, []
+    for key, value in values.items():
+        action = actions.get(key)
+        if action is None:
+            unknown.append(key)
+        elif isinstance(value, dict):
+            direct[key] = value
+        elif value is None:
+            if action.default is not None:
+                sys.exit(f"--config {path}: {key}: null: give a value, or leave the line out for the default")
+        elif isinstance(value, list):
+            if action.nargs not in ("+", "*") or not value:
+                takes = "one or more values, not an empty list" if value == [] else "one value, not a list"
+                sys.exit(f"--config {path}: {key}: {value}: it takes {takes}")
+            tokens += [f"--{key}", *map(_token, value)]
+        else:
+            tokens += [f"--{key}", _token(value)]
+    return tokens, direct, unknown
+
+
+def _token(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def run_names(model_name: str) -> dict:
@@ -102,10 +135,16 @@ def run_names(model_name: str) -> dict:
     return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
 
 
-def _parser():
+def _parser(config: Path | None = None):
     from trl import GRPOConfig, ModelConfig, TrlParser
 
     parser = TrlParser((RunArguments, GRPOConfig, ModelConfig))
+    where = f" (on the command line or in {config})" if config else ""
+
+    def error(message: str):  # argparse's own prints the whole usage first: hundreds of lines
+        sys.exit(f"Invalid setting{where}: {message}. python {Path(sys.argv[0]).name} --help lists them all")
+
+    parser.error = error
     # Read (and taken off the command line) by read_config_flag; listed here for --help.
     parser.add_argument("--config", help="A YAML file of settings (any of these); the command line wins over it")
     return parser
@@ -126,7 +165,7 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     import torch
 
     setup_logging()
-    argv, yaml_values = read_config_flag(list(sys.argv[1:] if argv is None else argv))
+    argv, yaml_values, config = read_config_flag(list(sys.argv[1:] if argv is None else argv))
     chosen = {**yaml_values, **given_on_command_line(argv)}  # what the user set, either way
     preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
@@ -145,11 +184,15 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     # The output folder and run name follow the model, wherever it was chosen (a preset names its own).
     defaults = {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
 
-    parser = _parser()
-    unknown = parser.set_defaults_with_config(**{**defaults, **yaml_values})
-    namespace, unknown_cli = parser.parse_known_args(argv)
+    parser = _parser(config)
+    tokens, direct, unknown = yaml_arguments(parser, yaml_values, config)  # typed like the command line's
+    parser.set_defaults(**{**defaults, **direct})
+    namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     if unknown or unknown_cli:
-        sys.exit(f"Unknown settings: {unknown + unknown_cli} (python grpo_demo.py --help lists them)")
+        found = [f"in {config}: {unknown}"] * bool(unknown) + [f"on the command line: {unknown_cli}"] * bool(
+            unknown_cli
+        )
+        sys.exit(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = vars(namespace)
     values.pop("config", None)
     found = checks.problems(values, n_rewards=len(reward_funcs), tags=answer_format.tags)

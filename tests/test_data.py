@@ -43,47 +43,53 @@ BAD_ROWS = [
     {"question": "Words", "answer": "#### four"},  # gold is no number
     {"question": "Another good one", "answer": "#### 1,000"},
     {"question": "Empty gold", "answer": "####"},  # gold is no number
+    {"question": 5, "answer": "#### 5"},  # not text
+    {"question": "No answer field"},  # not text (missing)
 ]
 
 
-def test_bad_rows_are_counted_named_and_dropped(tmp_path, caplog):
+def test_bad_rows_are_counted_named_by_line_and_dropped(tmp_path, caplog):
+    folder = write_rows(tmp_path / "d", BAD_ROWS)
     with caplog.at_level("WARNING", logger="grpo_demo"):
-        data = grpo_demo.get_gsm8k_questions("train", write_rows(tmp_path / "d", BAD_ROWS))
+        data = grpo_demo.get_gsm8k_questions("train", folder)
     assert data["question"] == ["Good one", "Another good one"]
     assert data["answer"] == ["4", "1000"]
-    assert "1 train rows with no '####' answer (row ids [1])" in caplog.text
-    assert "1 train rows with an empty question (row ids [2])" in caplog.text
-    assert "2 train rows with a gold answer that is no number (row ids [3, 5])" in caplog.text
+    lines = f"{folder}/train.jsonl lines"
+    assert f"1 train rows with no '####' answer ({lines} [2])" in caplog.text
+    assert f"1 train rows with an empty question ({lines} [3])" in caplog.text
+    assert f"2 train rows with a gold answer that is no number ({lines} [4, 6])" in caplog.text
+    assert f"2 train rows with a question or answer that is not text ({lines} [7, 8])" in caplog.text
 
 
 def test_strict_data_stops_on_the_first_kind_of_bad_row(tmp_path):
-    with pytest.raises(SystemExit, match=r"Bad data: 1 train rows with no '####' answer \(row ids \[1\]\)"):
+    with pytest.raises(SystemExit, match=r"Bad data: 1 train rows with no '####' answer \(.*train.jsonl lines \[2\]\)"):
         grpo_demo.get_gsm8k_questions("train", write_rows(tmp_path / "d", BAD_ROWS), strict=True)
 
 
 def test_nothing_left_after_filtering_stops_with_a_message(tmp_path):
-    with pytest.raises(SystemExit, match="No usable train rows"):
+    with pytest.raises(SystemExit, match="No usable train rows in .*train.jsonl: every row was dropped"):
         grpo_demo.get_gsm8k_questions("train", write_rows(tmp_path / "d", BAD_ROWS[1:4]))
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        (b'{"question": "q", "answer": "#### 1"}\n{"question": \n', "train.jsonl, line 2: not valid JSON"),
-        (b'["question", "answer"]\n', "train.jsonl, line 1: a list, not an object like GSM8K's rows"),
-        (b'{"question": "caf\xe9", "answer": "#### 1"}\n', "train.jsonl: not UTF-8 text (byte 17)"),
-    ],
-)
-def test_a_bad_file_is_named_with_its_line(tmp_path, content, message):
-    (tmp_path / "train.jsonl").write_bytes(content)
-    with pytest.raises(SystemExit) as stop:
-        grpo_demo.get_gsm8k_questions("train", str(tmp_path))
-    assert message in str(stop.value)
-
-
-def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
-    (tmp_path / "train.jsonl").write_bytes(b'\xef\xbb\xbf{"question": "How many?", "answer": "#### 3"}\n')
-    assert grpo_demo.get_gsm8k_questions("train", str(tmp_path))["answer"] == ["3"]
+def test_lines_that_are_not_json_objects_are_counted_named_and_dropped(tmp_path, caplog):
+    good = json.dumps({"question": "How many?", "answer": "#### 3"}).encode()
+    lines = [
+        good,
+        b'{"question": ',
+        b'["question", "answer"]',
+        b'{"question": "caf\xe9", "answer": "#### 1"}',
+        b"",
+        good,
+    ]
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")  # a byte-order mark first
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        data = grpo_demo.get_gsm8k_questions("train", str(tmp_path))
+    assert data["answer"] == ["3", "3"]  # lines 1 and 6
+    assert "1 train rows with a line that is not valid JSON (" in caplog.text and "lines [2])" in caplog.text
+    assert "1 train rows with a line that is not a JSON object (" in caplog.text and "lines [3])" in caplog.text
+    assert "1 train rows with a line that is not UTF-8 text (" in caplog.text and "lines [4])" in caplog.text
+    with pytest.raises(SystemExit, match="Bad data: 1 train rows with a line that is not valid JSON"):
+        grpo_demo.get_gsm8k_questions("train", str(tmp_path), strict=True)
 
 
 def test_a_folder_without_the_split_is_named(tmp_path):

@@ -113,12 +113,32 @@ def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
     [
         ("learning_rate: [1, 2\n", "not a readable YAML file"),
         ("- just\n- a list\n", "expected a mapping of setting: value"),
-        ("no_such_field: 3\n", "Unknown settings: ['--no_such_field', '3']"),
+        ("no_such_field: 3\n", "Unknown settings in {path}: ['no_such_field']"),
+        (
+            "max_steps: 2.5\n",
+            "Invalid setting (on the command line or in {path}): argument --max_steps/--max-steps: "
+            "invalid int value: '2.5'",
+        ),
+        ("learning_rate: null\n", "learning_rate: null: give a value, or leave the line out for the default"),
+        ("learning_rate: [1, 2]\n", "learning_rate: [1, 2]: it takes one value, not a list"),
+        ("lora_target_modules: []\n", "it takes one or more values, not an empty list"),
+        ("env: 3\n", "env: expected a mapping of VARIABLE: value"),
     ],
 )
 def test_a_bad_config_file_is_named(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
-    assert message in refused(["--config", str(tmp_path / "bad.yaml")])
+    assert message.format(path=tmp_path / "bad.yaml") in refused(["--config", str(tmp_path / "bad.yaml")])
+
+
+def test_yaml_values_are_typed_as_the_command_line_types_them(tmp_path):
+    (tmp_path / "recipe.yaml").write_text(
+        "lora_target_modules: q_proj\nuse_peft: true\nlearning_rate: 1.0e-6\nmax_steps: '7'\neval_limit: null\n"
+        "generation_kwargs: {min_new_tokens: 4}\n"
+    )
+    chosen = resolved(["--config", str(tmp_path / "recipe.yaml")])
+    assert chosen.lora_target_modules == ["q_proj"]  # a list of one, not a pattern for PEFT
+    assert (chosen.use_peft, chosen.learning_rate, chosen.max_steps, chosen.eval_limit) == (True, 1e-6, 7, None)
+    assert chosen.generation_kwargs == {"min_new_tokens": 4}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -160,10 +180,17 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--eval_batch_size", "0"], "eval_batch_size=0: must be at least 1"),
         (["--eval_every_steps", "-1"], "eval_every_steps=-1: 0 turns in-training accuracy off"),
         (["--resume_from_checkpoint", "nowhere/checkpoint-5"], "resume_from_checkpoint=nowhere/checkpoint-5: no such"),
-        (["--no_such_setting", "3"], "Unknown settings: ['--no_such_setting', '3']"),
+        (["--no_such_setting", "3"], "Unknown settings on the command line: ['--no_such_setting', '3']"),
+        (["--max_steps", "abc"], "Invalid setting: argument --max_steps/--max-steps: invalid int value: 'abc'"),
         (["--smoke", "--demo"], "--smoke and --demo are presets of their own: choose one"),
         (["--use_peft", "--lora_r", "0"], "lora_r=0: the adapter's rank must be at least 1"),
         (["--ask", " "], "ask is empty: give the question to answer"),
+        (["--learning_rate", "nan"], "learning_rate=nan: must be a positive number"),
+        (["--temperature", "0"], "temperature=0.0: sampling needs a positive temperature"),
+        (["--seed", "-1"], "seed=-1: must be 0 or more"),
+        (["--max_steps", "0"], "max_steps=0, num_train_epochs=1: this run would train nothing"),
+        (["--num_train_epochs", "0"], "max_steps=-1, num_train_epochs=0.0: this run would train nothing"),
+        (["--output_dir", ""], "output_dir is empty: name a folder"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):
@@ -175,6 +202,17 @@ def test_bad_tag_names_in_an_edited_format_are_refused():
     assert "answer format tag '<my tag>': a tag is '<' a letter" in refused([], edited)
     same = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<a>", "</a>", "<a>", "</a>"))
     assert "the reasoning and answer tags are both '<a>'" in refused([], same)
+
+
+def test_an_output_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    assert "output_dir=" + str(tmp_path / "a-file") + ": a file is there, not a folder" in refused(
+        ["--output_dir", str(tmp_path / "a-file")]
+    )
+    (tmp_path / "read-only").mkdir()
+    monkeypatch.setattr(checks.os, "access", lambda path, mode: Path(path) != tmp_path / "read-only")  # as if mode 500
+    message = refused(["--output_dir", str(tmp_path / "read-only" / "run")])
+    assert f"{tmp_path / 'read-only'} cannot be written to: choose another --output_dir" in message
 
 
 def test_a_model_folder_without_a_model_names_its_newest_checkpoint(tmp_path):
