@@ -177,6 +177,8 @@ class AccuracyCallback(TrainerCallback):
 
     def report(self, name: str, model_name: str) -> None:
         summary, records = self.measure(self.rows, model_name, f"GSM8K {name}")
+        if name == "final":
+            summary["start_model"] = self.start_model
         if self.trainer.accelerator.is_main_process:
             write_report(self.trainer.args.output_dir, name, summary, records)
 

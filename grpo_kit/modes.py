@@ -18,16 +18,21 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
 
 
 def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> dict:
-    """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/`: `final` when the model is the
-    output folder itself (a trained run), `baseline` otherwise; then the comparison when both exist.
+    """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (the output folder is the model's
+    own when it is a local folder and none is given: `settings.resolve`): `final` for a trained model (a folder a
+    training run saved), `baseline` for a start model; then the comparison, where the two are comparable. An
+    evaluation of that name made on other terms (another model, question count or length) is kept, and this one
+    is written beside it (`final-2`, ...).
 
     Under `accelerate launch` every process evaluates its share; with `--use_vllm` one vLLM engine does it all.
     """
     from accelerate import PartialState
 
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
-    name = "final" if Path(path).resolve() == Path(output_dir).resolve() else "baseline"
+    trained = (Path(path) / "trainer_state.json").is_file()
     rows = list(islice(test_rows, run.eval_limit))
+    terms = {"model": path, "n": len(rows), "max_new_tokens": training_args.max_completion_length}
+    name = reports.free_name(output_dir, "final" if trained else "baseline", terms)
     tokenizer = models.load_tokenizer(model_args, training_args)
     settings = dict(max_new_tokens=training_args.max_completion_length, batch_size=run.eval_batch_size, model_name=path)
     if training_args.use_vllm:
@@ -48,6 +53,8 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> d
     else:
         model = models.load_for_inference(model_args, training_args)
         summary, records = evaluation.evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings)
+    if trained:
+        summary["start_model"] = reports.start_model_of(path)
     if PartialState().is_main_process:
         reports.write_report(output_dir, name, summary, records)
         reports.compare(output_dir)

@@ -31,6 +31,40 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
+TERMS = ("model", "n", "max_new_tokens")  # what makes two evaluations of one name the same measurement
+
+
+def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
+    """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (model, question
+    count, length): a new measurement never replaces a different one."""
+    candidate, number = name, 1
+    while (old := read_summary(output_dir, candidate)) is not None and any(old.get(k) != terms[k] for k in TERMS):
+        number += 1
+        candidate = f"{name}-{number}"
+    if candidate != name:
+        logger.warning("%s holds an evaluation of other terms: this one is %s", eval_dir(output_dir, name), candidate)
+    return candidate
+
+
+def start_model_of(run_dir: str | Path) -> str | None:
+    """The model a training run in `run_dir` started from, as its run record says (None without one)."""
+    path = Path(run_dir) / "run_record.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["settings"]["model"]["model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def why_not_comparable(old: dict, new: dict) -> str | None:
+    """Why a baseline and a final evaluation cannot be set side by side, None when they can."""
+    if new.get("start_model") is not None and old.get("model") != new["start_model"]:
+        return f"the baseline measured {old.get('model')}, and the trained model started from {new['start_model']}"
+    for key, label in (("n", "questions"), ("max_new_tokens", "max_new_tokens")):
+        if old.get(key) != new.get(key):
+            return f"they differ in {label}: {old.get(key)} vs {new.get(key)}"
+    return None
+
+
 def _cell(value, percent: bool, change: bool = False) -> str:
     """A table cell: a rate as a percentage (a change of one in points), a count as is, a mean to one decimal."""
     sign = "+" if change else ""
@@ -59,12 +93,16 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
 
 def compare(output_dir: str | Path, before: str = "baseline", after: str = "final") -> dict | None:
     """`eval/comparison.json` in `output_dir`: the `before` and `after` summaries side by side with their changes,
-    and a printed table; None (nothing written) unless both evaluations exist."""
+    and a printed table; None (nothing written, and an older comparison removed) unless both evaluations exist and
+    measured comparable things: the start model of the trained one, the same questions and length."""
     old, new = read_summary(output_dir, before), read_summary(output_dir, after)
     if old is None or new is None:
         return None
-    if old["n"] != new["n"]:
-        logger.warning("Comparing evaluations of different sizes: %d vs %d questions", old["n"], new["n"])
+    reason = why_not_comparable(old, new)
+    if reason:
+        logger.warning("No comparison of %s and %s in %s: %s", before, after, eval_dir(output_dir), reason)
+        (eval_dir(output_dir) / COMPARISON).unlink(missing_ok=True)  # an older one would no longer be true
+        return None
     keys = [key for key, _, _ in TABLE_ROWS]
     comparison = {before: old, after: new, "change": {key: new[key] - old[key] for key in keys}}
     (eval_dir(output_dir) / COMPARISON).write_text(json.dumps(comparison, indent=2) + "\n", encoding="utf-8")

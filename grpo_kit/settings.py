@@ -195,6 +195,10 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
         sys.exit(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = vars(namespace)
     values.pop("config", None)
+    model_dir = Path(values["model_name_or_path"]).expanduser()
+    own_model = presets.writes(preset, "model_name_or_path", values["model_name_or_path"])
+    if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
+        values["output_dir"] = str(model_dir)  # an evaluation lands beside the model it measured
     found = checks.problems(values, n_rewards=len(reward_funcs), tags=answer_format.tags)
     if found:
         sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in found))

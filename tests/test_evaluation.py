@@ -144,6 +144,22 @@ def test_compare_writes_before_and_after(tmp_path, capsys):
     assert "| truncated (hit max_new_tokens) | 2 | 0 | -2 |" in table
 
 
+def test_no_comparison_of_a_baseline_of_another_model(tmp_path, caplog):
+    def summary(model, **extra):
+        rates = dict(accuracy_strict=0.5, accuracy_lenient=0.5, format_rate=0.5, soft_format_rate=0.5)
+        return {"n": 4, **rates, "mean_completion_tokens": 9.0, "truncated": 0, "model": model, "seconds": 1, **extra}
+
+    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), [])
+    reports.write_report(
+        tmp_path, "final", summary("run", start_model="Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), []
+    )
+    assert reports.compare(tmp_path) is not None
+    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-0.5B-Instruct", max_new_tokens=786), [])
+    assert reports.compare(tmp_path) is None
+    assert not (tmp_path / "eval" / "comparison.json").exists()  # the older one is no longer true
+    assert "the baseline measured Qwen/Qwen2.5-0.5B-Instruct, and the trained model started from Qwen" in caplog.text
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A training run measures the trainer's own model, and loads it once
 
@@ -216,12 +232,21 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, _ = smoke_run
+    run = "outputs/smoke-GRPO"
+    evaluations = folder / run / "eval"
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        run = "outputs/smoke-GRPO"
-        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--output_dir", "outputs/again"])
-        summary = json.loads((folder / "outputs" / "again" / "eval" / "baseline" / "summary.json").read_text())
-        assert (summary["n"], summary["model"]) == (32, run)
+        before = json.loads((evaluations / "final" / "summary.json").read_text())
+        # A trained run's folder: its final evaluation, measured again on the same terms, beside the model.
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run])
+        again = json.loads((evaluations / "final" / "summary.json").read_text())
+        assert (again["n"], again["model"], again["start_model"]) == (32, run, "outputs/smoke-assets/tiny-qwen2")
+        assert again["accuracy_strict"] == before["accuracy_strict"]
+        assert json.loads((evaluations / "comparison.json").read_text())["final"] == again
+        # On other terms (5 questions) it is written beside the first, which stays, and compared with nothing.
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_limit", "5"])
+        assert json.loads((evaluations / "final-2" / "summary.json").read_text())["n"] == 5
+        assert json.loads((evaluations / "final" / "summary.json").read_text())["n"] == 32
 
         capsys.readouterr()
         question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"

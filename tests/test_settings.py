@@ -215,6 +215,16 @@ def test_an_output_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch)
     assert f"{tmp_path / 'read-only'} cannot be written to: choose another --output_dir" in message
 
 
+def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
+    model = tmp_path / "outputs" / "Qwen-1.5B-GRPO-lora"  # would map to outputs/Qwen-1.5B-GRPO by name
+    model.mkdir(parents=True)
+    (model / "adapter_config.json").write_text("{}")
+    assert resolved(["--eval_only", "--model_name_or_path", str(model)]).output_dir == str(model)
+    chosen = resolved(["--eval_only", "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "mine")])
+    assert chosen.output_dir == str(tmp_path / "mine")  # unless told otherwise
+    assert resolved(["--eval_only"]).output_dir == "outputs/Qwen-1.5B-GRPO"  # a Hub model: the run's folder
+
+
 def test_a_model_folder_without_a_model_names_its_newest_checkpoint(tmp_path):
     (tmp_path / "crashed" / "checkpoint-20").mkdir(parents=True)
     (tmp_path / "crashed" / "checkpoint-20" / "trainer_state.json").write_text("{}")
