@@ -8,9 +8,11 @@ only where they would otherwise fail later (after the model has loaded) or with 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -53,13 +55,65 @@ def installed_version(package: str) -> str | None:
 # Checkpoints
 
 
-def checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (`checkpoint-N` holding a trainer_state.json) in `output_dir`, oldest first."""
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.glob("checkpoint-*") if p.name[11:].isdigit() and (p / "trainer_state.json").is_file()]
+    found = [p for p in folder.glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir()]
     return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def missing_parts(checkpoint: str | Path) -> list[str]:
+    """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
+    folder = Path(checkpoint)
+    missing = [] if (folder / "trainer_state.json").is_file() else ["trainer_state.json"]
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not weights:
+        missing.append("its weights (model.safetensors or adapter_model.safetensors)")
+    for path in weights:
+        if path.name.endswith(".index.json"):
+            shards = _json(path, {}).get("weight_map", {}).values()
+            missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not _safetensors_whole(folder / name)]
+        elif path.suffix == ".safetensors" and not _safetensors_whole(path):
+            missing.append(f"{path.name} (truncated or damaged)")
+    if not any(folder.glob("global_step*")):  # DeepSpeed keeps the optimizer there instead
+        for name in ("optimizer.pt", "scheduler.pt"):
+            path = folder / name
+            if not path.is_file():
+                missing.append(name)
+            elif not zipfile.is_zipfile(path):  # torch.save writes a zip; a cut one has no central directory
+                missing.append(f"{name} (truncated or damaged)")
+    if not any(folder.glob("rng_state*.pth")):
+        missing.append("rng_state.pth")
+    return missing
+
+
+def _json(path: Path, default):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """Whether a safetensors file holds every byte its header promises (a cut file does not)."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size >= 8 + size + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+
+
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (`missing_parts` empty) in `output_dir`, oldest first."""
+    return [p for p in checkpoint_folders(output_dir) if not missing_parts(p)]
 
 
 def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str | None:
@@ -68,6 +122,47 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
         found = checkpoints(output_dir)
         return str(found[-1]) if found else None
     return resume_from_checkpoint
+
+
+# Settings a resumed run cannot change without training differently from the run it continues: the optimizer and
+# its schedule, the batch and groups, the model and its adapter, the data. (name, the run record's section)
+FIXED_ON_RESUME = (
+    *[
+        (name, "training")
+        for name in (
+            "learning_rate", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
+            "max_grad_norm", "max_steps", "num_train_epochs", "num_generations", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation", "max_completion_length",
+            "temperature", "beta", "loss_type", "scale_rewards", "reward_weights", "seed",
+        )
+    ],
+    *[
+        (name, "model")
+        for name in (
+            "model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+            "load_in_4bit", "load_in_8bit",
+        )
+    ],
+    ("dataset", "run"),
+    ("max_prompt_tokens", "run"),
+)  # fmt: skip
+
+
+def changed_since_start(v: dict, record: dict) -> list[str]:
+    """`name: was -> now` for each FIXED_ON_RESUME setting that differs from the run record's."""
+    changed = []
+    for name, section in FIXED_ON_RESUME:
+        stored = record.get("settings", {}).get(section, {})
+        if name not in stored:
+            continue
+        old, new = stored[name], json.loads(json.dumps(v[name], default=str))
+        if new is None:  # not set: derived from the others (generation_batch_size), which are compared
+            continue
+        if old != new and not (
+            isinstance(old, list) and isinstance(new, list) and sorted(map(str, old)) == sorted(map(str, new))
+        ):
+            changed.append(f"{name}: {old} -> {new}")
+    return changed
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,12 +269,16 @@ def local_paths(v: dict, preset) -> list[str]:
     if local and not folder.is_dir():
         out.append(f"model_name_or_path={model}: no such folder (a local model folder or a Hub id)")
     elif folder.is_dir() and not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
-        found = checkpoints(folder)
+        found = checkpoint_folders(folder)
         hint = f": its newest checkpoint is {found[-1]}" if found else " (a saved model or adapter folder)"
         out.append(f"model_name_or_path={model}: no model in it, no config.json or adapter_config.json{hint}")
     resume = v["resume_from_checkpoint"]
     if resume and resume not in RESUME_LATEST and not Path(resume).is_dir():
         out.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")
+    elif resume and resume not in RESUME_LATEST and (missing := missing_parts(resume)):
+        found = checkpoints(Path(resume).parent)
+        other = f"; the newest complete one is {found[-1]}" if found else ""
+        out.append(f"resume_from_checkpoint={resume}: incomplete, without {', '.join(missing)}{other}")
     return out
 
 
@@ -200,7 +299,7 @@ def output_folder(v: dict) -> list[str]:
 def existing_checkpoints(v: dict, preset) -> list[str]:
     """A training run never writes over another run's checkpoints (a preset restarts its own folder)."""
     output_dir = v["output_dir"]
-    found = checkpoints(output_dir)
+    found = checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
     trains = not (v["eval_only"] or v["ask"])
     if found and trains and not v["resume_from_checkpoint"] and not presets.writes(preset, "output_dir", output_dir):
         return [

@@ -66,24 +66,50 @@ def data_fingerprint(dataset) -> str:
     return digest.hexdigest()
 
 
-def write_run_record(output_dir: str, settings: dict, dataset, seed: int, model: dict | None = None) -> dict:
-    """Write `<output_dir>/run_record.json` and return it."""
-    record = {
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": sys.argv,
-        "recipe": recipe_commit(),
-        "seed": seed,
-        "versions": package_versions(),
-        "hardware": hardware(),
-        "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)},
-        "model": model,
-        "settings": {name: _plain(value) for name, value in settings.items()},
-    }
+def write_run_record(
+    output_dir: str, settings: dict, dataset, seed: int, model: dict | None = None, resumed_from: str | None = None
+) -> dict:
+    """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
+    settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
     path = Path(output_dir) / RECORD_NAME
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    previous = read_run_record(output_dir) if resumed_from else None
+    if previous is not None:
+        record = previous
+        record.setdefault("resumes", []).append(
+            {
+                "at": now,
+                "command": sys.argv,
+                "from": resumed_from,
+                "recipe": recipe_commit(),
+                "versions": package_versions(),
+                "hardware": hardware(),
+            }
+        )
+    else:
+        record = {
+            "created": now,
+            "command": sys.argv,
+            "recipe": recipe_commit(),
+            "seed": seed,
+            "versions": package_versions(),
+            "hardware": hardware(),
+            "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)},
+            "model": model,
+            "settings": {name: _plain(value) for name, value in settings.items()},
+        }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     logger.info("Run record: %s (data sha256 %s…)", path, record["data"]["sha256"][:12])
     return record
+
+
+def read_run_record(output_dir: str | Path) -> dict | None:
+    """The run record in `output_dir`, None when there is none (or it cannot be read)."""
+    try:
+        return json.loads((Path(output_dir) / RECORD_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _plain(args) -> dict:
@@ -118,7 +144,8 @@ def start(trainer, settings: dict, dataset) -> dict | None:
     args = trainer.args
     if not trainer.accelerator.is_main_process:
         return None
-    record = write_run_record(args.output_dir, settings, dataset, args.seed, model_facts(trainer.model))
+    facts = model_facts(trainer.model)
+    record = write_run_record(args.output_dir, settings, dataset, args.seed, facts, args.resume_from_checkpoint)
 
     class RunRecordCallbacks(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):

@@ -59,6 +59,10 @@ class RunArguments:
     ask: str | None = field(
         default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
     )
+    allow_changed_settings: bool = field(
+        default=False,
+        metadata={"help": "Resume even where settings differ from the run's start (learning rate, batch, model...)"},
+    )
 
 
 def setup_logging() -> None:
@@ -204,15 +208,39 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
         sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in found))
     for warning in checks.warnings(values):
         logger.warning(warning)
-    asked = values["resume_from_checkpoint"]
-    values["resume_from_checkpoint"] = checks.resolve_resume(asked, values["output_dir"])
-    if asked in checks.RESUME_LATEST and values["resume_from_checkpoint"] is None:
-        logger.warning(
-            "--resume_from_checkpoint %s: no checkpoint in %s yet: starting afresh", asked, values["output_dir"]
-        )
+    values["resume_from_checkpoint"] = resume(values)
     settings = SimpleNamespace(**values)
     values["attn_implementation"] = models.attention(settings, settings)  # flash-attention where it can run
     return values
+
+
+def resume(values: dict) -> str | None:
+    """The checkpoint a run resumes from: `latest` resolved to the newest complete one (saying which newer ones are
+    incomplete), None for a fresh start; stops when the run's fixed settings differ from its start's."""
+    from grpo_kit.record import read_run_record
+
+    asked, output_dir = values["resume_from_checkpoint"], values["output_dir"]
+    path = checks.resolve_resume(asked, output_dir)
+    if asked in checks.RESUME_LATEST:
+        for folder in checks.checkpoint_folders(output_dir):
+            if path is None or int(folder.name[11:]) > int(Path(path).name[11:]):
+                logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(checks.missing_parts(folder)))
+        if path is None:
+            logger.warning(
+                "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
+            )
+    record = read_run_record(output_dir)
+    trains = not (values["eval_only"] or values["ask"] is not None)
+    if path and trains and record is not None and (changed := checks.changed_since_start(values, record)):
+        listed = "\n".join(f"  - {change}" for change in changed)
+        if not values["allow_changed_settings"]:
+            sys.exit(
+                f"Resuming {path} with settings its run did not start with:\n{listed}\n"
+                "The checkpoint's optimizer and schedule follow the old ones: resume with the same settings, start "
+                "a new run (another --output_dir), or resume anyway: --allow_changed_settings true"
+            )
+        logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
+    return path
 
 
 def parse(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_funcs: list):

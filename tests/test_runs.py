@@ -122,6 +122,10 @@ def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
     start = int(re.search(r"Resuming from outputs/killed/checkpoint-(\d+)", resumed.stdout)[1])
     assert logged_steps(resumed.stdout) == 6 - start  # the steps before its checkpoint were not trained again
     assert "GSM8K baseline:" not in resumed.stdout  # the start model was measured when the run started
+    record = json.loads((killed_dir / "run_record.json").read_text())
+    assert "--resume_from_checkpoint" not in record["command"]  # the start's command, kept
+    assert [entry["from"] for entry in record["resumes"]] == [f"outputs/killed/checkpoint-{start}"]
+    assert "--resume_from_checkpoint" in record["resumes"][0]["command"]
 
     state = {
         name: json.loads((tmp_path / "outputs" / name / "trainer_state.json").read_text())

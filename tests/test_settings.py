@@ -243,12 +243,76 @@ def test_resuming_latest_where_there_is_no_checkpoint_says_it_starts_afresh(tmp_
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
         chosen = resolved(["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", "latest"])
     assert chosen.resume_from_checkpoint is None
-    assert "--resume_from_checkpoint latest: no checkpoint in" in caplog.text and "starting afresh" in caplog.text
+    assert (
+        "--resume_from_checkpoint latest: no complete checkpoint in" in caplog.text and "starting afresh" in caplog.text
+    )
+
+
+def fake_checkpoint(folder: Path, drop: tuple[str, ...] = ()) -> Path:
+    """A checkpoint folder with every file a resume needs (tiny), less `drop`."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    save_file({"w": torch.zeros(4)}, folder / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, folder / name)
+    for name in drop:
+        (folder / name).unlink()
+    return folder
+
+
+def test_resuming_takes_only_a_complete_checkpoint(tmp_path, caplog):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-2")
+    fake_checkpoint(run / "checkpoint-4", drop=("scheduler.pt",))  # killed while saving
+    cut = fake_checkpoint(run / "checkpoint-6") / "model.safetensors"
+    cut.write_bytes(cut.read_bytes()[:-5])  # a disk that filled up
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(run / "checkpoint-2")
+    assert f"Skipping {run / 'checkpoint-4'}: incomplete, without scheduler.pt" in caplog.text
+    assert (
+        f"Skipping {run / 'checkpoint-6'}: incomplete, without model.safetensors (truncated or damaged)" in caplog.text
+    )
+    message = refused(["--output_dir", str(run), "--resume_from_checkpoint", str(run / "checkpoint-4")])
+    assert (
+        f"checkpoint-4: incomplete, without scheduler.pt; the newest complete one is {run / 'checkpoint-2'}" in message
+    )
+
+
+def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, caplog):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-2")
+    chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    settings = {"training": {"learning_rate": 5e-6, "num_generations": 16, "lora_target_modules": None}}
+    shuffled = sorted(TARGETS)  # the same modules in another order: no change
+    settings["model"] = {"model_name_or_path": chosen.model_name_or_path, "lora_target_modules": shuffled}
+    (run / "run_record.json").write_text(__import__("json").dumps({"settings": settings}))
+    assert resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"]).resume_from_checkpoint
+    message = refused(
+        [
+            "--output_dir",
+            str(run),
+            "--resume_from_checkpoint",
+            "latest",
+            "--learning_rate",
+            "1e-5",
+            "--num_generations",
+            "8",
+        ]
+    )
+    assert "Resuming " + str(run / "checkpoint-2") + " with settings its run did not start with:" in message
+    assert "  - learning_rate: 5e-06 -> 1e-05\n  - num_generations: 16 -> 8" in message
+    assert "resume anyway: --allow_changed_settings true" in message
+    argv = ["--output_dir", str(run), "--resume_from_checkpoint", "latest", "--learning_rate", "1e-5"]
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        assert resolved([*argv, "--allow_changed_settings", "true"]).learning_rate == 1e-5
+    assert "learning_rate: 5e-06 -> 1e-05" in caplog.text
 
 
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
-    (tmp_path / "run" / "checkpoint-300").mkdir(parents=True)
-    (tmp_path / "run" / "checkpoint-300" / "trainer_state.json").write_text("{}")
+    fake_checkpoint(tmp_path / "run" / "checkpoint-300")
     message = refused(["--output_dir", str(tmp_path / "run")])
     assert "already holds checkpoint-300: resume it with --resume_from_checkpoint latest" in message
     assert "or start a new run with another --output_dir" in message
