@@ -66,6 +66,7 @@ GRPO_DEFAULTS = dict(
     temperature=0.9,  # the reference ran TRL 0.14's default; today's is 1.0
     num_train_epochs=1,
     save_steps=100,
+    save_total_limit=3,  # a full fine-tuning checkpoint of the 1.5B model is ~19 GB (fp32 weights + AdamW moments)
     max_grad_norm=0.1,  # tight clipping keeps single noisy groups from wrecking the policy
     report_to=["wandb"],
     log_on_each_node=False,
@@ -335,9 +336,11 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import evaluation, models, modes, plots, presets, record, tracking
+    from grpo_kit import evaluation, folders, models, modes, plots, presets, record, tracking
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
+    if not (run.eval_only or run.ask) and training_args.process_index == 0:
+        folders.claim(training_args.output_dir)  # one run per output folder
     presets.prepare(run, training_args, model_args, ANSWER_FORMAT)  # --smoke/--demo: a tiny model, generated data
     if run.ask:  # a sampled answer of a saved model to a question of your own
         return modes.ask(run.ask, model_args, training_args, ANSWER_FORMAT)
@@ -352,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)
+    models.preflight(model_args, training_args)  # LoRA targets that exist, a disk with room, before the weights load
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)
     trainer = GRPOTrainer(
@@ -378,4 +382,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: --resume_from_checkpoint latest")
+        sys.exit(130)

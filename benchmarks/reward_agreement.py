@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT / ".." / "shared" / "data" / "gsm8k", help="GSM8K folder")
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    needed = ("test.jsonl", "train.jsonl", "example_model_solutions.jsonl")
+    if not all((args.data / name).is_file() for name in needed):
+        sys.exit(f"--data {args.data}: a GSM8K folder with {', '.join(needed)} is needed (give it with --data DIR)")
 
     cases, meta = load_cases(args.data)
     n = len(cases)

@@ -70,15 +70,16 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
 def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
-    missing = [] if (folder / "trainer_state.json").is_file() else ["trainer_state.json"]
+    state = folder / "trainer_state.json"
+    missing = [] if _json(state, None) is not None else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
     weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
     if not weights:
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
         if path.name.endswith(".index.json"):
             shards = _json(path, {}).get("weight_map", {}).values()
-            missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not _safetensors_whole(folder / name)]
-        elif path.suffix == ".safetensors" and not _safetensors_whole(path):
+            missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not _whole(folder / name)]
+        elif path.suffix == ".safetensors" and not _whole(path):
             missing.append(f"{path.name} (truncated or damaged)")
     if not any(folder.glob("global_step*")):  # DeepSpeed keeps the optimizer there instead
         for name in ("optimizer.pt", "scheduler.pt"):
@@ -87,7 +88,9 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
                 missing.append(name)
             elif not zipfile.is_zipfile(path):  # torch.save writes a zip; a cut one has no central directory
                 missing.append(f"{name} (truncated or damaged)")
-    if not any(folder.glob("rng_state*.pth")):
+    rng = sorted(folder.glob("rng_state*.pth"))
+    missing += [f"{path.name} (truncated or damaged)" for path in rng if not zipfile.is_zipfile(path)]
+    if not rng:
         missing.append("rng_state.pth")
     return missing
 
@@ -99,7 +102,7 @@ def _json(path: Path, default):
         return default
 
 
-def _safetensors_whole(path: Path) -> bool:
+def _whole(path: Path) -> bool:
     """Whether a safetensors file holds every byte its header promises (a cut file does not)."""
     try:
         with path.open("rb") as f:
@@ -264,14 +267,18 @@ def local_paths(v: dict, preset) -> list[str]:
     dataset, model = v["dataset"], v["model_name_or_path"]
     if dataset and not presets.writes(preset, "dataset", dataset) and not (Path(dataset) / "train.jsonl").is_file():
         out.append(f"dataset={dataset}: no train.jsonl there (a folder like GSM8K's, or leave it unset)")
-    local = model.startswith((".", "/", "~")) and not presets.writes(preset, "model_name_or_path", model)
     folder = Path(model).expanduser()
+    # A Hub id is `org/name`: a path with more parts, or under a folder that exists here, is a local path.
+    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or Path(folder.parts[0]).is_dir()
+    local = looks_local and not presets.writes(preset, "model_name_or_path", model)
     if local and not folder.is_dir():
         out.append(f"model_name_or_path={model}: no such folder (a local model folder or a Hub id)")
     elif folder.is_dir() and not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
         found = checkpoint_folders(folder)
         hint = f": its newest checkpoint is {found[-1]}" if found else " (a saved model or adapter folder)"
         out.append(f"model_name_or_path={model}: no model in it, no config.json or adapter_config.json{hint}")
+    elif folder.is_dir() and (cut := [p.name for p in sorted(folder.glob("*.safetensors")) if not _whole(p)]):
+        out.append(f"model_name_or_path={model}: {', '.join(cut)} truncated or damaged (a copy or download cut short?)")
     resume = v["resume_from_checkpoint"]
     if resume and resume not in RESUME_LATEST and not Path(resume).is_dir():
         out.append(f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')")

@@ -26,7 +26,6 @@ import logging
 import math
 import random
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -178,21 +177,11 @@ def warm_start(model, tokenizer, answer_format, rows: list[dict], steps: int = W
     return model.eval()
 
 
-def prepare(answer_format, model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
-    """Write the generated problems and the warm-started model wherever the demo defaults still point at them;
-    with `fresh`, clear the preset's own output folder first (no other folder is ever cleared).
+def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) -> None:
+    """Write the generated problems and the warm-started model wherever the demo defaults still point at them.
 
     The warm start is kept in `model_dir` with the settings that made it, and reused while they stay the same.
-    Also limits torch to one thread for the rest of the process: this model's matrices are too small to gain much
-    from a second (a warm-start step takes 70 ms on one core, 50 ms on two), and where the cores are busy with
-    other work, two threads waiting on each other made sampling 15-40x slower (measured on 2 shared cores).
     """
-    import torch
-
-    torch.set_num_threads(1)
-    if fresh and output_dir == DEFAULTS["output_dir"] and Path(output_dir).exists():
-        logger.warning("--demo starts afresh: replacing %s", output_dir)
-        shutil.rmtree(output_dir)
     train, test = make_problems(N_TRAIN, N_TEST, seed)
     if data_dir == DATA_DIR:
         smoke.write_splits(data_dir, train, test)

@@ -106,6 +106,7 @@ def evaluate(
     summary = {
         **summarize(records),
         "model": model_name,
+        "questions_sha256": questions_fingerprint(rows),
         "backend": backend,
         "max_new_tokens": max_new_tokens,
         "processes": PartialState().num_processes if backend == "hf" else 1,
@@ -113,6 +114,17 @@ def evaluate(
         "questions_per_second": round(len(records) / seconds, 2) if seconds else None,
     }
     return summary, records
+
+
+def questions_fingerprint(rows) -> str:
+    """sha256 over the questions and gold answers evaluated, in order: two evaluations compare only on the same."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps([row["question"], row["answer"]], ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
 
 
 def release_memory() -> None:

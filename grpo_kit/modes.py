@@ -21,7 +21,7 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> d
     """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (the output folder is the model's
     own when it is a local folder and none is given: `settings.resolve`): `final` for a trained model (a folder a
     training run saved), `baseline` for a start model; then the comparison, where the two are comparable. An
-    evaluation of that name made on other terms (another model, question count or length) is kept, and this one
+    evaluation of that name made on other terms (another model, other questions or length) is kept, and this one
     is written beside it (`final-2`, ...).
 
     Under `accelerate launch` every process evaluates its share; with `--use_vllm` one vLLM engine does it all.
@@ -31,7 +31,11 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> d
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     trained = (Path(path) / "trainer_state.json").is_file()
     rows = list(islice(test_rows, run.eval_limit))
-    terms = {"model": path, "n": len(rows), "max_new_tokens": training_args.max_completion_length}
+    terms = {
+        "model": path,
+        "questions_sha256": evaluation.questions_fingerprint(rows),
+        "max_new_tokens": training_args.max_completion_length,
+    }
     name = reports.free_name(output_dir, "final" if trained else "baseline", terms)
     tokenizer = models.load_tokenizer(model_args, training_args)
     settings = dict(max_new_tokens=training_args.max_completion_length, batch_size=run.eval_batch_size, model_name=path)

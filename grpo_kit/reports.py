@@ -31,12 +31,12 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-TERMS = ("model", "n", "max_new_tokens")  # what makes two evaluations of one name the same measurement
+TERMS = ("model", "questions_sha256", "max_new_tokens")  # what makes two evaluations of one name the same measurement
 
 
 def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
-    """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (model, question
-    count, length): a new measurement never replaces a different one."""
+    """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (model, questions,
+    length): a new measurement never replaces a different one."""
     candidate, number = name, 1
     while (old := read_summary(output_dir, candidate)) is not None and any(old.get(k) != terms[k] for k in TERMS):
         number += 1
@@ -59,9 +59,10 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
     """Why a baseline and a final evaluation cannot be set side by side, None when they can."""
     if new.get("start_model") is not None and old.get("model") != new["start_model"]:
         return f"the baseline measured {old.get('model')}, and the trained model started from {new['start_model']}"
-    for key, label in (("n", "questions"), ("max_new_tokens", "max_new_tokens")):
+    for key, label in (("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
         if old.get(key) != new.get(key):
-            return f"they differ in {label}: {old.get(key)} vs {new.get(key)}"
+            shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (old.get(key), new.get(key))
+            return f"they were measured on different {label}: {shown[0]} vs {shown[1]}"
     return None
 
 

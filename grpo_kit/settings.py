@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from grpo_kit import checks, models, presets
+from grpo_kit import checks, hub, models, presets
 
 logger = logging.getLogger("grpo_demo")
 
@@ -211,6 +211,7 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     values["resume_from_checkpoint"] = resume(values)
     settings = SimpleNamespace(**values)
     values["attn_implementation"] = models.attention(settings, settings)  # flash-attention where it can run
+    hub.go_offline_if_unreachable(values)
     return values
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 from pathlib import Path
 
 logger = logging.getLogger("grpo_demo")
@@ -177,12 +176,8 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
     return Qwen2ForCausalLM(config)
 
 
-def prepare(answer_format, model_dir: str, data_dir: str | None, output_dir: str, fresh: bool, seed: int = 0) -> None:
-    """Write the generated problems and the tiny model wherever the smoke defaults still point at them; with
-    `fresh`, clear the preset's own output folder first (no other folder is ever cleared)."""
-    if fresh and output_dir == DEFAULTS["output_dir"] and Path(output_dir).exists():
-        logger.warning("--smoke starts afresh: replacing %s", output_dir)
-        shutil.rmtree(output_dir)
+def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) -> None:
+    """Write the generated problems and the tiny model wherever the smoke defaults still point at them."""
     if data_dir == DATA_DIR:
         write_gsm8k_folder(data_dir, seed=seed)
     if model_dir == MODEL_DIR:

@@ -51,6 +51,18 @@ def run_recipe(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py",
 
 
 @pytest.fixture(scope="session", autouse=True)
+def offline_hub():
+    """Tests never reach the Hub: offline mode as HF_HUB_OFFLINE=1 gives it (test_hub.py tests the probe)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        patch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """One torch thread in the test process too (see ONE_THREAD)."""
     import torch

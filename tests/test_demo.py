@@ -7,7 +7,6 @@ import logging
 import re
 
 import pytest
-import torch
 from conftest import REWARD_NAMES, run_recipe
 from transformers import AutoTokenizer
 
@@ -57,10 +56,9 @@ def test_warm_start_targets_earn_every_reward():
 
 def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the demo's one thread: not for the whole session
     monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
     d = demo.DEFAULTS
-    demo.prepare(FMT, d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+    demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     model_dir = tmp_path / demo.MODEL_DIR
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
     assert json.loads((model_dir / "warm_start.json").read_text())["warm_steps"] == 3
@@ -80,7 +78,7 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     longest = max(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert longest <= d["max_completion_length"]
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
-        demo.prepare(FMT, d["model_name_or_path"], d["dataset"], d["output_dir"], fresh=True)
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     assert "Reusing the warm-started model" in caplog.text
 
 

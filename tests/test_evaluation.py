@@ -256,3 +256,19 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
     expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
     assert expected and printed == expected + "\n"
+
+
+def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_path, monkeypatch):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in tiny_dir.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # cut short
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="model.safetensors truncated or damaged"):  # found before anything loads
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])
+    (broken / "config.json").write_text("{not json")  # a damaged config: found when the tokenizer or model loads
+    weights.write_bytes((tiny_dir / "model.safetensors").read_bytes())
+    with pytest.raises(SystemExit, match=f"Could not load the model '{broken}'"):
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])

@@ -145,6 +145,27 @@ def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
         torch.testing.assert_close(resumed_weights[name], tensor, rtol=1e-4, atol=1e-6)
 
 
+def test_ctrl_c_ends_a_run_with_a_message_and_frees_its_folder(tmp_path):
+    out = tmp_path / "outputs" / "stopped"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "grpo_demo.py"), "--smoke", "--max_steps", "200", "--output_dir", str(out)],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    while not (out / "checkpoint-2" / "trainer_state.json").is_file():
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 130
+    assert "Stopped (Ctrl-C). A training run goes on from its newest checkpoint" in output
+    assert "Traceback" not in output
+    assert not (out / ".run.lock").exists()  # the folder is free for the resume
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Two processes (accelerate launch, CPU)
 

@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT
 
 import grpo_demo
-from grpo_kit import checks, settings
+from grpo_kit import checks, models, settings
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -540,3 +540,32 @@ def test_the_readme_test_commands_are_what_ci_runs():
     assert command and command[1] in ci
     assert 'python -m pytest -q -m "not slow"' in readme  # the fast tier, documented
     assert Path(ROOT / "requirements-dev.txt").read_text().startswith("-r requirements.txt")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Before the weights load: what the model's config tells
+
+
+def test_lora_targets_the_model_lacks_are_named_before_it_loads(tiny_dir, monkeypatch):
+    from transformers import PreTrainedModel
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", lambda *a, **k: pytest.fail("the weights loaded"))
+    _, args, model_args = grpo_demo.parse_settings(
+        ["--model_name_or_path", str(tiny_dir), "--use_peft", "--lora_target_modules", "q_proj", "query_key_value"]
+    )
+    with pytest.raises(SystemExit) as stop:
+        models.preflight(model_args, args)
+    assert f"lora_target_modules: {tiny_dir} has no ['query_key_value']; its linear layers are [" in str(stop.value)
+    assert "'q_proj'" in str(stop.value)
+
+
+def test_a_disk_without_room_for_a_checkpoint_is_named(tiny_dir, monkeypatch):
+    import shutil
+
+    _, args, model_args = grpo_demo.parse_settings(["--model_name_or_path", str(tiny_dir)])
+    models.preflight(model_args, args)  # plenty of room here
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(
+        SystemExit, match=r"0.0 MiB free, and one checkpoint of this run takes about \d+\.\d MiB: free some space"
+    ):
+        models.preflight(model_args, args)

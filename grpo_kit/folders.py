@@ -1,0 +1,93 @@
+"""One run per output folder: a lock file names the process that holds it; a preset clears only a folder it wrote."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+LOCK_NAME = ".run.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, alive
+        return True
+    return True
+
+
+def claim(output_dir: str | Path) -> Path:
+    """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host. A lock
+    whose process is gone (a killed run) is taken over, saying so; a live one stops this run with a message."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    while True:
+        try:
+            with path.open("x", encoding="utf-8") as f:
+                json.dump({**me, "since": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}, f)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                holder = {}  # being written, or damaged
+            same_host = holder.get("host") == me["host"]
+            if holder.get("pid") == me["pid"] and same_host:
+                return path  # this process holds it already
+            if isinstance(holder.get("pid"), int) and same_host and not _alive(holder["pid"]):
+                logger.warning("Taking over %s: its run (pid %d) is gone", path, holder["pid"])
+                path.unlink(missing_ok=True)
+                continue
+            where = "" if same_host else f" on {holder.get('host')} (if that run is over, delete {path})"
+            sys.exit(
+                f"output_dir={output_dir} is in use by another run (pid {holder.get('pid')}{where}, since "
+                f"{holder.get('since')}): wait for it to end, or choose another --output_dir"
+            )
+    atexit.register(lambda: path.unlink(missing_ok=True) if _held_by_me(path) else None)
+    return path
+
+
+def _held_by_me(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def clear_preset_folder(output_dir: str | Path, preset: str) -> None:
+    """Empty a preset's own output folder for a new run (its lock stays): only when the runs in it were that
+    preset's (their run record says so) or it holds nothing else; otherwise stop, naming it."""
+    folder = Path(output_dir)
+    contents = [p for p in folder.iterdir() if p.name != LOCK_NAME] if folder.is_dir() else []
+    if not contents:
+        return
+    try:
+        record = json.loads((folder / "run_record.json").read_text(encoding="utf-8"))
+        settings = record["settings"]
+        ours = bool((settings.get("run") or settings.get("recipe") or {}).get(preset))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ours = False
+    if not ours:
+        sys.exit(
+            f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write: move them, "
+            "or give the preset another --output_dir"
+        )
+    logger.warning("--%s starts afresh: clearing %s", preset, folder)
+    for path in contents:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

@@ -1,0 +1,65 @@
+"""One run per output folder, and presets that clear only what they wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from grpo_kit import folders
+
+
+def write_lock(folder, pid: int, host: str | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = {"pid": pid, "host": host or socket.gethostname(), "since": "2026-11-30T12:00:00+00:00"}
+    (folder / folders.LOCK_NAME).write_text(json.dumps(lock))
+
+
+def test_a_folder_held_by_a_live_run_is_refused(tmp_path):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        write_lock(tmp_path / "run", other.pid)
+        with pytest.raises(SystemExit) as stop:
+            folders.claim(tmp_path / "run")
+        assert f"is in use by another run (pid {other.pid}, since 2026-11-30T12:00:00+00:00)" in str(stop.value)
+        assert "wait for it to end, or choose another --output_dir" in str(stop.value)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write_lock(tmp_path / "run", gone.pid)
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        path = folders.claim(tmp_path / "run")
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert f"its run (pid {gone.pid}) is gone" in caplog.text
+    assert folders.claim(tmp_path / "run") == path  # the holder may claim again
+
+
+def test_a_lock_from_another_machine_names_its_file(tmp_path):
+    write_lock(tmp_path / "run", 1, host="another-node")
+    with pytest.raises(SystemExit, match=r"on another-node \(if that run is over, delete .*\.run\.lock\)"):
+        folders.claim(tmp_path / "run")
+
+
+def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
+    folder = tmp_path / "smoke-GRPO"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="holds files a --smoke run did not write: move them"):
+        folders.clear_preset_folder(folder, "smoke")
+    assert (folder / "notes.txt").read_text() == "mine"
+
+    (folder / "notes.txt").unlink()
+    (folder / "checkpoint-2").mkdir()
+    (folder / "run_record.json").write_text(json.dumps({"settings": {"run": {"smoke": True}}}))
+    write_lock(folder, os.getpid())
+    folders.clear_preset_folder(folder, "smoke")
+    assert [p.name for p in folder.iterdir()] == [folders.LOCK_NAME]  # its own lock stays

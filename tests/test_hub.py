@@ -1,0 +1,44 @@
+"""A Hub that cannot be reached is found out once, in seconds, and the run goes on offline from the cache."""
+
+from __future__ import annotations
+
+import socket
+
+import datasets.config
+import huggingface_hub.constants
+import pytest
+
+from grpo_kit import hub
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """The library flags as on a machine where no one asked for offline mode (restored after the test)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+HUB_RUN = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "dataset": None}
+
+
+def test_an_unreachable_hub_turns_offline_mode_on_and_says_so_once(online, monkeypatch, caplog):
+    probes = []
+
+    def unreachable(address, timeout):
+        probes.append((address, timeout))
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        assert hub.go_offline_if_unreachable(HUB_RUN) is True
+        assert hub.go_offline_if_unreachable(HUB_RUN) is True  # already offline: not asked again
+    assert probes == [(("huggingface.co", 443), hub.PROBE_SECONDS)]
+    assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert caplog.text.count("The Hugging Face Hub cannot be reached: working offline") == 1
+
+
+def test_a_run_of_local_files_does_not_ask(online, monkeypatch, tmp_path):
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed the Hub"))
+    assert hub.go_offline_if_unreachable({"model_name_or_path": str(tmp_path), "dataset": str(tmp_path)}) is False
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False
