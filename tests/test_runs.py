@@ -154,6 +154,8 @@ def test_ctrl_c_ends_a_run_with_a_message_and_frees_its_folder(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # As from a terminal: a shell's background job (CI may be one) starts its children ignoring Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     while not (out / "checkpoint-2" / "trainer_state.json").is_file():
         assert process.poll() is None, "the run ended before its first checkpoint"
