@@ -136,7 +136,9 @@ FIXED_ON_RESUME = (
             "learning_rate", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
             "max_grad_norm", "max_steps", "num_train_epochs", "num_generations", "per_device_train_batch_size",
             "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation", "max_completion_length",
-            "temperature", "beta", "loss_type", "scale_rewards", "reward_weights", "seed",
+            "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta", "loss_type", "scale_rewards",
+            "reward_weights", "seed", "epsilon", "epsilon_high", "num_iterations", "importance_sampling_level",
+            "mask_truncated_completions", "multi_objective_aggregation",
         )
     ],
     *[
@@ -161,6 +163,8 @@ def changed_since_start(v: dict, record: dict) -> list[str]:
         old, new = stored[name], json.loads(json.dumps(v[name], default=str))
         if new is None:  # not set: derived from the others (generation_batch_size), which are compared
             continue
+        if name in ("model_name_or_path", "dataset") and isinstance(old, str) and isinstance(new, str):
+            old, new = (str(Path(p).expanduser().resolve()) if Path(p).expanduser().exists() else p for p in (old, new))
         if old != new and not (
             isinstance(old, list) and isinstance(new, list) and sorted(map(str, old)) == sorted(map(str, new))
         ):
@@ -191,6 +195,33 @@ def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
     ]
 
 
+def _finite(low: float, high: float, low_open: bool = False, high_open: bool = False):
+    def ok(x) -> bool:
+        return math.isfinite(x) and (x > low if low_open else x >= low) and (x < high if high_open else x <= high)
+
+    return ok
+
+
+# Settings that transformers, TRL or PEFT would refuse only after the model loaded (or never, training on NaN).
+RANGES = {
+    "weight_decay": (_finite(0, math.inf), "must be a finite number, 0 or more (the recipe uses 0.1)"),
+    "adam_beta1": (_finite(0, 1, high_open=True), "must be in [0, 1) (the recipe uses 0.9)"),
+    "adam_beta2": (_finite(0, 1, high_open=True), "must be in [0, 1) (the recipe uses 0.99)"),
+    "adam_epsilon": (_finite(0, math.inf, low_open=True), "must be positive"),
+    "max_grad_norm": (_finite(0, math.inf), "must be a finite number, 0 or more (the recipe uses 0.1)"),
+    "warmup_steps": (_finite(0, math.inf), "must be 0 or more: a fraction below 1, or a number of steps"),
+    "num_train_epochs": (lambda x: math.isfinite(x), "must be a finite number"),
+    "top_p": (_finite(0, 1, low_open=True), "must be in (0, 1]"),
+    "top_k": (lambda x: x >= 0, "must be 0 (off) or more"),
+    "repetition_penalty": (_finite(0, math.inf, low_open=True), "must be positive (1.0 is none)"),
+    "steps_per_generation": (lambda x: x >= 1, "must be at least 1"),
+    "num_iterations": (lambda x: x >= 1, "must be at least 1"),
+    "epsilon": (_finite(0, math.inf, low_open=True), "must be positive (TRL's clipping range, 0.2)"),
+    "lora_dropout": (_finite(0, 1, high_open=True), "must be in [0, 1)"),
+    "beta": (_finite(0, math.inf), "must be 0 (no KL) or more"),
+}
+
+
 def sizes(v: dict) -> list[str]:
     out = []
     for name in ("max_completion_length", "max_prompt_tokens", "per_device_train_batch_size"):
@@ -208,8 +239,20 @@ def sizes(v: dict) -> list[str]:
         out.append(f"learning_rate={v['learning_rate']}: must be a positive number (the recipe uses 5e-6)")
     if not (math.isfinite(v["temperature"]) and v["temperature"] > 0):
         out.append(f"temperature={v['temperature']}: sampling needs a positive temperature (the recipe uses 0.9)")
-    if v["seed"] < 0:
-        out.append(f"seed={v['seed']}: must be 0 or more (numpy refuses negative seeds)")
+    if not 0 <= v["seed"] < 2**32:
+        out.append(f"seed={v['seed']}: must be from 0 to 2**32 - 1 (numpy's range)")
+    out += [
+        f"{name}={v[name]}: {rule}"
+        for name, (ok, rule) in RANGES.items()
+        if v.get(name) is not None and not ok(v[name])
+    ]
+    if v["eval_only"] and v["ask"] is not None:
+        out.append("eval_only and ask are two modes: choose one")
+    if (v["eval_only"] or v["ask"] is not None) and v["resume_from_checkpoint"]:
+        out.append(
+            "resume_from_checkpoint is for training: to evaluate or ask a checkpoint, "
+            "--model_name_or_path <run>/checkpoint-N"
+        )
     trains = not (v["eval_only"] or v["ask"] is not None)
     if trains and (v["max_steps"] == 0 or v["max_steps"] < -1 or (v["max_steps"] == -1 and v["num_train_epochs"] <= 0)):
         out.append(

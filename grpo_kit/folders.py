@@ -31,7 +31,10 @@ def claim(output_dir: str | Path) -> Path:
     """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host. A lock
     whose process is gone (a killed run) is taken over, saying so; a live one stops this run with a message."""
     folder = Path(output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        sys.exit(f"output_dir={output_dir}: cannot be made ({err.strerror}): choose another --output_dir")
     path = folder / LOCK_NAME
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     while True:

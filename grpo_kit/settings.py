@@ -94,29 +94,39 @@ def read_config_flag(argv: list[str]) -> tuple[list[str], dict, Path | None]:
         sys.exit(f"--config {path}: not a readable YAML file ({str(err).splitlines()[0]})")
     if not isinstance(values, dict):
         sys.exit(f"--config {path}: expected a mapping of setting: value")
+    if "config" in values:
+        sys.exit(f"--config {path}: a config: inside a config file is not read: put its settings here")
     env = values.pop("env", None) or {}
     if not isinstance(env, dict):
         sys.exit(f"--config {path}: env: expected a mapping of VARIABLE: value")
     for key, value in env.items():
+        if not ENV_NAME_RE.fullmatch(str(key)) or "\0" in str(value):
+            sys.exit(f"--config {path}: env: {key!r}: {value!r} is not an environment variable and value")
         os.environ[str(key)] = str(value)
     return argv[:i] + argv[i + 2 :], values, path
+
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:
     """(command-line tokens, values to set directly, unknown keys) for a YAML file's settings, so that its values
     are typed and checked by the same parser as the command line's. Mappings (`generation_kwargs`) are set directly;
-    `null` means the default where the default is none."""
+    `null` means the default."""
     actions = {action.dest: action for action in parser._actions}
     tokens, direct, unknown = [], {}, []
     for key, value in values.items():
         action = actions.get(key)
         if action is None:
             unknown.append(key)
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and key in MAPPING_SETTINGS:
             direct[key] = value
-        elif value is None:
-            if action.default is not None:
-                sys.exit(f"--config {path}: {key}: null: give a value, or leave the line out for the default")
+        elif isinstance(value, dict) or key in MAPPING_SETTINGS:
+            kind = "a mapping" if isinstance(value, dict) else type(value).__name__
+            wanted = "a mapping (key: value lines under it)" if key in MAPPING_SETTINGS else "one value"
+            sys.exit(f"--config {path}: {key}: {kind} given, it takes {wanted}")
+        elif value is None:  # the default, as if the line were not there
+            continue
         elif isinstance(value, list):
             if action.nargs not in ("+", "*") or not value:
                 takes = "one or more values, not an empty list" if value == [] else "one value, not a list"
@@ -125,6 +135,14 @@ def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], 
         else:
             tokens += [f"--{key}", _token(value)]
     return tokens, direct, unknown
+
+
+# GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
+MAPPING_SETTINGS = {
+    "lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "liger_kernel_config",
+    "accelerator_config", "fsdp_config", "deepspeed", "model_init_kwargs", "generation_kwargs", "chat_template_kwargs",
+    "transformers_continuous_batching_config",
+}  # fmt: skip
 
 
 def _token(value) -> str:
@@ -169,8 +187,14 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     import torch
 
     setup_logging()
-    argv, yaml_values, config = read_config_flag(list(sys.argv[1:] if argv is None else argv))
-    chosen = {**yaml_values, **given_on_command_line(argv)}  # what the user set, either way
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            sys.exit(f"Invalid setting: {arg.encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
+    argv, yaml_values, config = read_config_flag(argv)
+    chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
     preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
     native_bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)  # Ampere or newer
@@ -230,8 +254,15 @@ def resume(values: dict) -> str | None:
             logger.warning(
                 "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
             )
-    record = read_run_record(output_dir)
     trains = not (values["eval_only"] or values["ask"] is not None)
+    if path and trains:
+        step = (checks._json(Path(path) / "trainer_state.json", {}) or {}).get("global_step", 0)
+        if 0 < values["max_steps"] <= step:
+            sys.exit(
+                f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "
+                "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+            )
+    record = read_run_record(Path(path).parent) if path else None  # the run the checkpoint belongs to
     if path and trains and record is not None and (changed := checks.changed_since_start(values, record)):
         listed = "\n".join(f"  - {change}" for change in changed)
         if not values["allow_changed_settings"]:
@@ -248,6 +279,9 @@ def parse(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_f
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
     values = resolve(argv, recipe_defaults, answer_format, reward_funcs)
     run, training_args, model_args = _parser().parse_dict(values)
+    if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
+        # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.
+        model_args.lora_target_modules = [model_args.lora_target_modules]
     if training_args.resume_from_checkpoint:
         logger.info("Resuming from %s", training_args.resume_from_checkpoint)
     return run, training_args, model_args

@@ -4,6 +4,7 @@ cannot work is named before anything loads; the attention that can run is chosen
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import sys
@@ -119,10 +120,13 @@ def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
             "Invalid setting (on the command line or in {path}): argument --max_steps/--max-steps: "
             "invalid int value: '2.5'",
         ),
-        ("learning_rate: null\n", "learning_rate: null: give a value, or leave the line out for the default"),
         ("learning_rate: [1, 2]\n", "learning_rate: [1, 2]: it takes one value, not a list"),
         ("lora_target_modules: []\n", "it takes one or more values, not an empty list"),
         ("env: 3\n", "env: expected a mapping of VARIABLE: value"),
+        ("env:\n  'A=B': 1\n", "env: 'A=B': 1 is not an environment variable and value"),
+        ("max_steps: {a: 1}\n", "max_steps: a mapping given, it takes one value"),
+        ("generation_kwargs: x\n", "generation_kwargs: str given, it takes a mapping"),
+        ("config: other.yaml\n", "a config: inside a config file is not read"),
     ],
 )
 def test_a_bad_config_file_is_named(tmp_path, text, message):
@@ -133,11 +137,15 @@ def test_a_bad_config_file_is_named(tmp_path, text, message):
 def test_yaml_values_are_typed_as_the_command_line_types_them(tmp_path):
     (tmp_path / "recipe.yaml").write_text(
         "lora_target_modules: q_proj\nuse_peft: true\nlearning_rate: 1.0e-6\nmax_steps: '7'\neval_limit: null\n"
+        "model_name_or_path: null\ntemperature: null\n"
         "generation_kwargs: {min_new_tokens: 4}\n"
     )
     chosen = resolved(["--config", str(tmp_path / "recipe.yaml")])
     assert chosen.lora_target_modules == ["q_proj"]  # a list of one, not a pattern for PEFT
+    _, _, model_args = grpo_demo.parse_settings(["--use_peft", "--lora_target_modules", "q_proj"])
+    assert model_args.lora_target_modules == ["q_proj"]  # ModelConfig made it a string; the recipe keeps the list
     assert (chosen.use_peft, chosen.learning_rate, chosen.max_steps, chosen.eval_limit) == (True, 1e-6, 7, None)
+    assert (chosen.model_name_or_path, chosen.temperature) == (grpo_demo.MODEL_NAME, 0.9)  # null: the default
     assert chosen.generation_kwargs == {"min_new_tokens": 4}
 
 
@@ -187,7 +195,19 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--ask", " "], "ask is empty: give the question to answer"),
         (["--learning_rate", "nan"], "learning_rate=nan: must be a positive number"),
         (["--temperature", "0"], "temperature=0.0: sampling needs a positive temperature"),
-        (["--seed", "-1"], "seed=-1: must be 0 or more"),
+        (["--seed", "-1"], "seed=-1: must be from 0 to 2**32 - 1"),
+        (["--seed", "4294967296"], "seed=4294967296: must be from 0 to 2**32 - 1"),
+        (["--weight_decay", "nan"], "weight_decay=nan: must be a finite number, 0 or more"),
+        (["--adam_beta1", "2"], "adam_beta1=2.0: must be in [0, 1)"),
+        (["--warmup_steps", "-1"], "warmup_steps=-1.0: must be 0 or more"),
+        (["--top_k", "-5"], "top_k=-5: must be 0 (off) or more"),
+        (["--repetition_penalty", "0"], "repetition_penalty=0.0: must be positive"),
+        (["--steps_per_generation", "0"], "steps_per_generation=0: must be at least 1"),
+        (["--num_iterations", "0"], "num_iterations=0: must be at least 1"),
+        (["--use_peft", "--lora_dropout", "1.5"], "lora_dropout=1.5: must be in [0, 1)"),
+        (["--num_train_epochs", "nan"], "num_train_epochs=nan: must be a finite number"),
+        (["--eval_only", "--ask", "hi"], "eval_only and ask are two modes: choose one"),
+        (["--eval_only", "--resume_from_checkpoint", "latest"], "resume_from_checkpoint is for training"),
         (["--max_steps", "0"], "max_steps=0, num_train_epochs=1: this run would train nothing"),
         (["--num_train_epochs", "0"], "max_steps=-1, num_train_epochs=0.0: this run would train nothing"),
         (["--output_dir", ""], "output_dir is empty: name a folder"),
@@ -248,12 +268,12 @@ def test_resuming_latest_where_there_is_no_checkpoint_says_it_starts_afresh(tmp_
     )
 
 
-def fake_checkpoint(folder: Path, drop: tuple[str, ...] = ()) -> Path:
+def fake_checkpoint(folder: Path, drop: tuple[str, ...] = (), step: int = 0) -> Path:
     """A checkpoint folder with every file a resume needs (tiny), less `drop`."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
-    (folder / "trainer_state.json").write_text("{}")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     save_file({"w": torch.zeros(4)}, folder / "model.safetensors")
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
         torch.save({}, folder / name)
@@ -288,7 +308,7 @@ def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, 
     settings = {"training": {"learning_rate": 5e-6, "num_generations": 16, "lora_target_modules": None}}
     shuffled = sorted(TARGETS)  # the same modules in another order: no change
     settings["model"] = {"model_name_or_path": chosen.model_name_or_path, "lora_target_modules": shuffled}
-    (run / "run_record.json").write_text(__import__("json").dumps({"settings": settings}))
+    (run / "run_record.json").write_text(json.dumps({"settings": settings}))
     assert resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"]).resume_from_checkpoint
     message = refused(
         [
@@ -309,6 +329,20 @@ def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
         assert resolved([*argv, "--allow_changed_settings", "true"]).learning_rate == 1e-5
     assert "learning_rate: 5e-06 -> 1e-05" in caplog.text
+
+
+def test_resuming_a_finished_run_trains_nothing(tmp_path):
+    fake_checkpoint(tmp_path / "run" / "checkpoint-4", step=4)
+    message = refused(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest", "--max_steps", "4"])
+    assert "checkpoint-4 is at step 4, and this run ends at max_steps=4: nothing to train" in message
+
+
+def test_resuming_another_folders_checkpoint_compares_with_that_run(tmp_path):
+    fake_checkpoint(tmp_path / "old" / "checkpoint-2", step=2)
+    record = {"settings": {"training": {"learning_rate": 5e-6}}}
+    (tmp_path / "old" / "run_record.json").write_text(json.dumps(record))
+    argv = ["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(tmp_path / "old" / "checkpoint-2")]
+    assert "learning_rate: 5e-06 -> 0.001" in refused([*argv, "--learning_rate", "1e-3"])
 
 
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
