@@ -178,7 +178,7 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
             bad.setdefault("no '####' answer", []).append(where)
         elif not question:
             bad.setdefault("an empty question", []).append(where)
-        elif parse_number(answer) is None:
+        elif parse_number(solution.rsplit("####", 1)[-1]) is None:  # as written: `1,2` is no number, `1,200` is
             bad.setdefault("a gold answer that is no number", []).append(where)
         else:
             rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
@@ -336,7 +336,7 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import evaluation, folders, models, modes, plots, presets, record, tracking
+    from grpo_kit import evaluation, folders, models, modes, plots, preflight, presets, record, tracking
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)
-    models.preflight(model_args, training_args)  # LoRA targets that exist, a disk with room, before the weights load
+    preflight.check(train, run, model_args, training_args)  # enough data, LoRA targets, disk room: before the weights
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)
     trainer = GRPOTrainer(
@@ -387,3 +387,11 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: --resume_from_checkpoint latest")
         sys.exit(130)
+    except Exception as err:
+        from grpo_kit.folders import disk_full
+
+        if not disk_full(err):
+            raise
+        sys.exit(
+            "The disk is full: free some space, then --resume_from_checkpoint latest (a cut checkpoint is skipped)"
+        )

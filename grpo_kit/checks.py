@@ -16,7 +16,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from grpo_kit import presets
+from grpo_kit import folders, presets
 from grpo_kit.models import GPU_EXTRAS
 
 TAG_RE = re.compile(r"<([A-Za-z][A-Za-z0-9_-]*)>")
@@ -71,7 +71,8 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
     state = folder / "trainer_state.json"
-    missing = [] if _json(state, None) is not None else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
+    whole_state = isinstance(_json(state, None), dict)
+    missing = [] if whole_state else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
     weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
     if not weights:
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
@@ -86,13 +87,29 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
             path = folder / name
             if not path.is_file():
                 missing.append(name)
-            elif not zipfile.is_zipfile(path):  # torch.save writes a zip; a cut one has no central directory
-                missing.append(f"{name} (truncated or damaged)")
+            elif not zipfile.is_zipfile(path) or (name == "scheduler.pt" and not _loads(path)):
+                missing.append(f"{name} (truncated or damaged)")  # torch.save writes a zip; a cut one has no end
     rng = sorted(folder.glob("rng_state*.pth"))
-    missing += [f"{path.name} (truncated or damaged)" for path in rng if not zipfile.is_zipfile(path)]
+    missing += [f"{path.name} (truncated or damaged)" for path in rng if not _loads(path)]
     if not rng:
         missing.append("rng_state.pth")
     return missing
+
+
+def _loads(path: Path) -> bool:
+    """Whether a small torch file (scheduler, RNG state) loads as a resume will load it. The optimizer's state is
+    too large to read here (12 bytes a parameter): only its zip structure is checked."""
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with safe_globals():
+            torch.load(path, weights_only=True)
+    except Exception:  # any damage: a zip entry's CRC, an unpickling error, a wrong type
+        return False
+    return True
 
 
 def _json(path: Path, default):
@@ -343,6 +360,17 @@ def output_folder(v: dict) -> list[str]:
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return [f"output_dir={output_dir}: {existing} cannot be written to: choose another --output_dir"]
+    trains = not (v["eval_only"] or v["ask"] is not None)
+    if trains and path.is_dir() and path.resolve() == Path(v["model_name_or_path"]).expanduser().resolve():
+        return [f"output_dir={output_dir} is the start model's folder: training would overwrite it; choose another"]
+    if trains and path.is_dir() and not (path / "run_record.json").is_file():
+        # Without a run record, only what a run alone makes (checkpoints, evaluations): not a model, not notes.
+        others = sorted(p.name for p in path.iterdir() if not any(p.match(x) for x in folders.RUN_ONLY_ENTRIES))
+        if others:
+            return [
+                f"output_dir={output_dir} holds files that are not a run's ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}), which a run would write over: choose another --output_dir"
+            ]
     return []
 
 

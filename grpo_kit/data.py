@@ -27,7 +27,7 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], dict[str, list[int]]
         except UnicodeDecodeError:
             bad.setdefault("a line that is not UTF-8 text", []).append(number)
             continue
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than the parser goes
             bad.setdefault("a line that is not valid JSON", []).append(number)
             continue
         if isinstance(row, dict):

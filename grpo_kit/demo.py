@@ -203,6 +203,7 @@ def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) 
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == made_with:
         logger.info("Reusing the warm-started model in %s", model_dir)
         return
+    stamp.unlink(missing_ok=True)  # a rebuild cut short must not pass for the old model
     tokenizer = build_tokenizer(answer_format, train)
     model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS)
     logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
@@ -17,14 +18,48 @@ logger = logging.getLogger("grpo_demo")
 LOCK_NAME = ".run.lock"
 
 
-def _alive(pid: int) -> bool:
+# What a run writes into its output folder: a preset clears these, and only these.
+RUN_ENTRIES = (
+    "run_record.json", "trainer_state.json", "training_args.bin", "curves.png", "README.md", LOCK_NAME,
+    "config.json", "generation_config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+    "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+    "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "checkpoint-*", "eval", "wandb", "completions",
+)  # fmt: skip
+
+
+RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
+
+
+def written_by_a_run(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in RUN_ENTRIES)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether `err` (or what caused it) is a full disk or quota; safetensors reports one as its own error type."""
+    while err is not None:
+        if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (Linux: /proc/<pid>/stat), to tell it from a later process given the same pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str | None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process, alive
-        return True
-    return True
+        pass
+    return started is None or _started(pid) in (None, started)  # a reused pid is another process
 
 
 def claim(output_dir: str | Path) -> Path:
@@ -36,7 +71,7 @@ def claim(output_dir: str | Path) -> Path:
     except OSError as err:
         sys.exit(f"output_dir={output_dir}: cannot be made ({err.strerror}): choose another --output_dir")
     path = folder / LOCK_NAME
-    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid())}
     while True:
         try:
             with path.open("x", encoding="utf-8") as f:
@@ -50,14 +85,15 @@ def claim(output_dir: str | Path) -> Path:
             same_host = holder.get("host") == me["host"]
             if holder.get("pid") == me["pid"] and same_host:
                 return path  # this process holds it already
-            if isinstance(holder.get("pid"), int) and same_host and not _alive(holder["pid"]):
+            if isinstance(holder.get("pid"), int) and same_host and not _alive(holder["pid"], holder.get("started")):
                 logger.warning("Taking over %s: its run (pid %d) is gone", path, holder["pid"])
                 path.unlink(missing_ok=True)
                 continue
-            where = "" if same_host else f" on {holder.get('host')} (if that run is over, delete {path})"
+            where = "" if same_host else f" on {holder.get('host')}"
             sys.exit(
                 f"output_dir={output_dir} is in use by another run (pid {holder.get('pid')}{where}, since "
-                f"{holder.get('since')}): wait for it to end, or choose another --output_dir"
+                f"{holder.get('since')}): wait for it to end, or choose another --output_dir "
+                f"(if that run is over, delete {path})"
             )
     atexit.register(lambda: path.unlink(missing_ok=True) if _held_by_me(path) else None)
     return path
@@ -77,16 +113,17 @@ def clear_preset_folder(output_dir: str | Path, preset: str) -> None:
     contents = [p for p in folder.iterdir() if p.name != LOCK_NAME] if folder.is_dir() else []
     if not contents:
         return
+    foreign = sorted(p.name for p in contents if not written_by_a_run(p))
     try:
         record = json.loads((folder / "run_record.json").read_text(encoding="utf-8"))
         settings = record["settings"]
         ours = bool((settings.get("run") or settings.get("recipe") or {}).get(preset))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ours = False
-    if not ours:
+    if not ours or foreign:
         sys.exit(
-            f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write: move them, "
-            "or give the preset another --output_dir"
+            f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write"
+            f"{': ' + ', '.join(foreign[:5]) if foreign else ''}: move them, or give the preset another --output_dir"
         )
     logger.warning("--%s starts afresh: clearing %s", preset, folder)
     for path in contents:

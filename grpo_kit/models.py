@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 logger = logging.getLogger("grpo_demo")
 
@@ -121,51 +120,6 @@ def load_for_inference(model_args, training_args, path: str | None = None):
     except Exception as err:  # unreadable or damaged files (safetensors raises its own error), no weights
         sys.exit(f"Could not load the model {name!r} ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
     return model.to(PartialState().device).eval()
-
-
-def preflight(model_args, training_args) -> None:
-    """What the model's config (a few KB, no weights) can tell before the weights load: that LoRA's target modules
-    exist in the model, and that the disk holds a checkpoint. Stops with a message otherwise."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    name = model_args.model_name_or_path
-    try:
-        config = AutoConfig.from_pretrained(
-            name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-        )
-        with torch.device("meta"):  # shapes only: nothing allocated
-            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=training_args.trust_remote_code)
-    except (OSError, ValueError) as err:
-        sys.exit(f"Could not read the model {name!r}'s config ({str(err).splitlines()[0][:200]})")
-    modules = {module_name.rsplit(".", 1)[-1] for module_name, _ in skeleton.named_modules()}
-    targets = model_args.lora_target_modules
-    if model_args.use_peft and isinstance(targets, list) and (unknown := [t for t in targets if t not in modules]):
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
-        sys.exit(f"lora_target_modules: {name} has no {unknown}; its linear layers are {linear}")
-
-    parameters = sum(p.numel() for p in skeleton.parameters())
-    # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.
-    checkpoint = 2 * 2**30 if model_args.use_peft else parameters * (4 + 8)
-    folder = Path(training_args.output_dir)
-    free = shutil.disk_usage(next(p for p in (folder, *folder.absolute().parents) if p.exists())).free
-    kept = training_args.save_total_limit
-    if free < checkpoint:
-        sys.exit(
-            f"{training_args.output_dir}: {_size(free)} free, and one checkpoint of this run takes about "
-            f"{_size(checkpoint)}: free some space, or choose another --output_dir"
-        )
-    if kept and free < (kept + 1) * checkpoint:
-        logger.warning(
-            "%s: %s free for %d checkpoints of about %s each: the disk may fill before the end",
-            training_args.output_dir, _size(free), kept + 1, _size(checkpoint),
-        )  # fmt: skip
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def train_adapters_in_fp32(trainer) -> int:

@@ -45,6 +45,7 @@ BAD_ROWS = [
     {"question": "Empty gold", "answer": "####"},  # gold is no number
     {"question": 5, "answer": "#### 5"},  # not text
     {"question": "No answer field"},  # not text (missing)
+    {"question": "Badly grouped", "answer": "#### 1,2"},  # gold is no number: 1,2 is not 12
 ]
 
 
@@ -57,7 +58,7 @@ def test_bad_rows_are_counted_named_by_line_and_dropped(tmp_path, caplog):
     lines = f"{folder}/train.jsonl lines"
     assert f"1 train rows with no '####' answer ({lines} [2])" in caplog.text
     assert f"1 train rows with an empty question ({lines} [3])" in caplog.text
-    assert f"2 train rows with a gold answer that is no number ({lines} [4, 6])" in caplog.text
+    assert f"3 train rows with a gold answer that is no number ({lines} [4, 6, 9])" in caplog.text
     assert f"2 train rows with a question or answer that is not text ({lines} [7, 8])" in caplog.text
 
 
@@ -124,3 +125,41 @@ def test_the_same_data_gives_the_same_fingerprint_and_other_data_another(tmp_pat
         for name, seed in (("a", 1), ("b", 1), ("c", 2))
     )
     assert data_fingerprint(a) == data_fingerprint(b) != data_fingerprint(c)
+
+
+def test_data_smaller_than_one_step_stops_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from grpo_kit import preflight
+
+    data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=3, n_test=1)))
+    args = SimpleNamespace(generation_batch_size=64, num_generations=16)
+    with pytest.raises(SystemExit, match="3 training prompts, and one step takes 4 .generation_batch_size 64"):
+        preflight.enough_data(data, args)
+    preflight.enough_data(data, SimpleNamespace(generation_batch_size=48, num_generations=16))  # 3 is enough
+
+
+def test_resuming_on_other_data_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from grpo_kit import preflight
+    from grpo_kit.record import write_run_record
+
+    folder = smoke.write_gsm8k_folder(tmp_path / "g", n_train=8, n_test=1)
+    data = grpo_demo.get_gsm8k_questions("train", str(folder))
+    write_run_record(str(tmp_path / "run"), {}, data, seed=0)
+    args = SimpleNamespace(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    preflight.same_data(data, SimpleNamespace(allow_changed_settings=False), args)  # the same: fine
+    edited = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "h", 8, 1, seed=5)))
+    with pytest.raises(SystemExit, match="the training data differ from the run's start: 8 rows, sha256"):
+        preflight.same_data(edited, SimpleNamespace(allow_changed_settings=False), args)
+    preflight.same_data(edited, SimpleNamespace(allow_changed_settings=True), args)  # told to go on
+
+
+def test_a_line_nested_deeper_than_the_parser_goes_is_dropped(tmp_path, caplog):
+    good = json.dumps({"question": "How many?", "answer": "#### 3"}).encode()
+    deep = b'{"a": ' * 200_000 + b"1" + b"}" * 200_000  # a RecursionError in some builds, an odd object in others
+    (tmp_path / "train.jsonl").write_bytes(good + b"\n" + deep + b"\n")
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        assert grpo_demo.get_gsm8k_questions("train", str(tmp_path))["answer"] == ["3"]
+    assert "train.jsonl lines [2])" in caplog.text

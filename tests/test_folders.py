@@ -45,7 +45,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
 
 def test_a_lock_from_another_machine_names_its_file(tmp_path):
     write_lock(tmp_path / "run", 1, host="another-node")
-    with pytest.raises(SystemExit, match=r"on another-node \(if that run is over, delete .*\.run\.lock\)"):
+    with pytest.raises(SystemExit, match=r"pid 1 on another-node, .*\(if that run is over, delete .*\.run\.lock\)"):
         folders.claim(tmp_path / "run")
 
 
@@ -53,13 +53,40 @@ def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
     folder = tmp_path / "smoke-GRPO"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="holds files a --smoke run did not write: move them"):
+    with pytest.raises(SystemExit, match="holds files a --smoke run did not write: notes.txt: move them"):
         folders.clear_preset_folder(folder, "smoke")
     assert (folder / "notes.txt").read_text() == "mine"
 
-    (folder / "notes.txt").unlink()
     (folder / "checkpoint-2").mkdir()
     (folder / "run_record.json").write_text(json.dumps({"settings": {"run": {"smoke": True}}}))
+    with pytest.raises(SystemExit, match="notes.txt"):  # a smoke run's folder, with the user's notes added
+        folders.clear_preset_folder(folder, "smoke")
+    (folder / "notes.txt").unlink()
     write_lock(folder, os.getpid())
     folders.clear_preset_folder(folder, "smoke")
     assert [p.name for p in folder.iterdir()] == [folders.LOCK_NAME]  # its own lock stays
+
+
+def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, caplog):
+    write_lock(tmp_path / "run", 1)  # pid 1 is alive, but it is not the process that wrote the lock
+    lock = json.loads((tmp_path / "run" / folders.LOCK_NAME).read_text())
+    (tmp_path / "run" / folders.LOCK_NAME).write_text(json.dumps({**lock, "started": "0"}))
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        folders.claim(tmp_path / "run")
+    assert "its run (pid 1) is gone" in caplog.text
+
+
+def test_a_full_disk_is_told_from_other_errors():
+    import errno
+
+    assert folders.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    wrapped = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")  # safetensors
+    assert folders.disk_full(wrapped)
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as quota:
+            raise ValueError("saving failed") from quota
+    except ValueError as err:
+        assert folders.disk_full(err)
+    assert not folders.disk_full(OSError(errno.EACCES, "Permission denied"))

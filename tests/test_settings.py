@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT
 
 import grpo_demo
-from grpo_kit import checks, models, settings
+from grpo_kit import checks, preflight, settings
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -245,6 +245,18 @@ def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
     assert resolved(["--eval_only"]).output_dir == "outputs/Qwen-1.5B-GRPO"  # a Hub model: the run's folder
 
 
+def test_training_into_a_folder_of_other_files_or_the_start_model_is_refused(tmp_path, tiny_dir):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "README.md").write_text("my notes")
+    message = refused(["--output_dir", str(tmp_path / "project")])
+    assert "holds files that are not a run's (README.md), which a run would write over" in message
+    message = refused(["--model_name_or_path", str(tiny_dir), "--output_dir", str(tiny_dir)])
+    assert "is the start model's folder: training would overwrite it" in message
+    assert "holds files that are not a run's" in refused(["--output_dir", "/"])
+    (tmp_path / "evaluated" / "eval").mkdir(parents=True)  # only --eval_only's results: a run may start there
+    assert resolved(["--output_dir", str(tmp_path / "evaluated")]).output_dir == str(tmp_path / "evaluated")
+
+
 def test_a_model_folder_without_a_model_names_its_newest_checkpoint(tmp_path):
     (tmp_path / "crashed" / "checkpoint-20").mkdir(parents=True)
     (tmp_path / "crashed" / "checkpoint-20" / "trainer_state.json").write_text("{}")
@@ -288,6 +300,11 @@ def test_resuming_takes_only_a_complete_checkpoint(tmp_path, caplog):
     fake_checkpoint(run / "checkpoint-4", drop=("scheduler.pt",))  # killed while saving
     cut = fake_checkpoint(run / "checkpoint-6") / "model.safetensors"
     cut.write_bytes(cut.read_bytes()[:-5])  # a disk that filled up
+    flipped = fake_checkpoint(run / "checkpoint-8") / "rng_state.pth"
+    data = bytearray(flipped.read_bytes())
+    data[60:70] = b"\xff" * 10  # damaged in place: its length is right, its contents are not
+    flipped.write_bytes(bytes(data))
+    (fake_checkpoint(run / "checkpoint-10") / "trainer_state.json").write_text("[1, 2]")
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
         chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
     assert chosen.resume_from_checkpoint == str(run / "checkpoint-2")
@@ -588,7 +605,7 @@ def test_lora_targets_the_model_lacks_are_named_before_it_loads(tiny_dir, monkey
         ["--model_name_or_path", str(tiny_dir), "--use_peft", "--lora_target_modules", "q_proj", "query_key_value"]
     )
     with pytest.raises(SystemExit) as stop:
-        models.preflight(model_args, args)
+        preflight.model_and_disk(model_args, args)
     assert f"lora_target_modules: {tiny_dir} has no ['query_key_value']; its linear layers are [" in str(stop.value)
     assert "'q_proj'" in str(stop.value)
 
@@ -597,9 +614,9 @@ def test_a_disk_without_room_for_a_checkpoint_is_named(tiny_dir, monkeypatch):
     import shutil
 
     _, args, model_args = grpo_demo.parse_settings(["--model_name_or_path", str(tiny_dir)])
-    models.preflight(model_args, args)  # plenty of room here
+    preflight.model_and_disk(model_args, args)  # plenty of room here
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(
         SystemExit, match=r"0.0 MiB free, and one checkpoint of this run takes about \d+\.\d MiB: free some space"
     ):
-        models.preflight(model_args, args)
+        preflight.model_and_disk(model_args, args)
