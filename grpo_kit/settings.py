@@ -102,11 +102,14 @@ def read_config_flag(argv: list[str]) -> tuple[list[str], dict, Path | None]:
     for key, value in env.items():
         if not ENV_NAME_RE.fullmatch(str(key)) or "\0" in str(value):
             sys.exit(f"--config {path}: env: {key!r}: {value!r} is not an environment variable and value")
+        if key in LAUNCHER_VARIABLES:
+            sys.exit(f"--config {path}: env: {key} is set by accelerate launch / torchrun, not by a config file")
         os.environ[str(key)] = str(value)
     return argv[:i] + argv[i + 2 :], values, path
 
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:

@@ -124,6 +124,7 @@ def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
         ("lora_target_modules: []\n", "it takes one or more values, not an empty list"),
         ("env: 3\n", "env: expected a mapping of VARIABLE: value"),
         ("env:\n  'A=B': 1\n", "env: 'A=B': 1 is not an environment variable and value"),
+        ("env:\n  WORLD_SIZE: 2\n", "env: WORLD_SIZE is set by accelerate launch / torchrun, not by a config file"),
         ("max_steps: {a: 1}\n", "max_steps: a mapping given, it takes one value"),
         ("generation_kwargs: x\n", "generation_kwargs: str given, it takes a mapping"),
         ("config: other.yaml\n", "a config: inside a config file is not read"),
