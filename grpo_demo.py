@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     tracking.configure_wandb(training_args)
     preflight.check(train, run, model_args, training_args)  # enough data, LoRA targets, disk room: before the weights
     model_args.dtype = weights_dtype(model_args, training_args)
-    training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)
+    training_args.model_init_kwargs = models.init_kwargs(model_args)
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         processing_class=tokenizer,

@@ -84,6 +84,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: grpo_demo and grpo_kit are at the repo root
 RECIPE = ROOT / "grpo_demo.py"
 
+from grpo_kit.folders import read_json  # noqa: E402
+
 # Qwen/Qwen2.5-1.5B-Instruct's config.json, the values that set the cost of a step.
 QWEN25_1_5B = dict(
     hidden_size=1536,
@@ -310,10 +312,6 @@ def log_tail(log_path: Path, lines: int = 40) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # What a run left: trainer_state.json, run_record.json, eval/*/summary.json, the saved weights
-
-
-def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def steps_measured(log_history: list[dict], completions_per_step: int) -> dict:

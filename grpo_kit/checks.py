@@ -71,14 +71,15 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
     state = folder / "trainer_state.json"
-    whole_state = isinstance(_json(state, None), dict)
+    whole_state = isinstance(folders.read_json(state), dict)
     missing = [] if whole_state else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
     weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
     if not weights:
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
         if path.name.endswith(".index.json"):
-            shards = _json(path, {}).get("weight_map", {}).values()
+            index = folders.read_json(path)
+            shards = index.get("weight_map", {}).values() if isinstance(index, dict) else ["(a damaged index)"]
             missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not _whole(folder / name)]
         elif path.suffix == ".safetensors" and not _whole(path):
             missing.append(f"{path.name} (truncated or damaged)")
@@ -112,13 +113,6 @@ def _loads(path: Path) -> bool:
     return True
 
 
-def _json(path: Path, default):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return default
-
-
 def _whole(path: Path) -> bool:
     """Whether a safetensors file holds every byte its header promises (a cut file does not)."""
     try:
@@ -136,12 +130,9 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for p in checkpoint_folders(output_dir) if not missing_parts(p)]
 
 
-def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str | None:
-    """`latest` (or `true`) becomes the newest complete checkpoint in `output_dir`; a path stays a path."""
-    if resume_from_checkpoint in RESUME_LATEST:
-        found = checkpoints(output_dir)
-        return str(found[-1]) if found else None
-    return resume_from_checkpoint
+def trains(v: dict) -> bool:
+    """Whether the settings ask for a training run (not --eval_only, not --ask)."""
+    return not (v["eval_only"] or v["ask"] is not None)
 
 
 # Settings a resumed run cannot change without training differently from the run it continues: the optimizer and
@@ -270,8 +261,8 @@ def sizes(v: dict) -> list[str]:
             "resume_from_checkpoint is for training: to evaluate or ask a checkpoint, "
             "--model_name_or_path <run>/checkpoint-N"
         )
-    trains = not (v["eval_only"] or v["ask"] is not None)
-    if trains and (v["max_steps"] == 0 or v["max_steps"] < -1 or (v["max_steps"] == -1 and v["num_train_epochs"] <= 0)):
+    no_steps = v["max_steps"] == 0 or v["max_steps"] < -1 or (v["max_steps"] == -1 and v["num_train_epochs"] <= 0)
+    if trains(v) and no_steps:
         out.append(
             f"max_steps={v['max_steps']}, num_train_epochs={v['num_train_epochs']}: this run would train nothing "
             "(max_steps N > 0, or -1 with num_train_epochs > 0)"
@@ -360,10 +351,9 @@ def output_folder(v: dict) -> list[str]:
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return [f"output_dir={output_dir}: {existing} cannot be written to: choose another --output_dir"]
-    trains = not (v["eval_only"] or v["ask"] is not None)
-    if trains and path.is_dir() and path.resolve() == Path(v["model_name_or_path"]).expanduser().resolve():
+    if trains(v) and path.is_dir() and path.resolve() == Path(v["model_name_or_path"]).expanduser().resolve():
         return [f"output_dir={output_dir} is the start model's folder: training would overwrite it; choose another"]
-    if trains and path.is_dir() and not (path / "run_record.json").is_file():
+    if trains(v) and path.is_dir() and not (path / "run_record.json").is_file():
         # Without a run record, only what a run alone makes (checkpoints, evaluations): not a model, not notes.
         others = sorted(p.name for p in path.iterdir() if not any(p.match(x) for x in folders.RUN_ONLY_ENTRIES))
         if others:
@@ -378,8 +368,7 @@ def existing_checkpoints(v: dict, preset) -> list[str]:
     """A training run never writes over another run's checkpoints (a preset restarts its own folder)."""
     output_dir = v["output_dir"]
     found = checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
-    trains = not (v["eval_only"] or v["ask"])
-    if found and trains and not v["resume_from_checkpoint"] and not presets.writes(preset, "output_dir", output_dir):
+    if found and trains(v) and not v["resume_from_checkpoint"] and not presets.writes(preset, "output_dir", output_dir):
         return [
             f"output_dir={output_dir} already holds {found[-1].name}: resume it with --resume_from_checkpoint latest, "
             "or start a new run with another --output_dir"

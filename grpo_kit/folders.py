@@ -35,6 +35,14 @@ def written_by_a_run(path: Path) -> bool:
     return any(path.match(pattern) for pattern in RUN_ENTRIES)
 
 
+def read_json(path: str | Path, default=None):
+    """A JSON file of a run (record, state, summary), or `default` when it is missing or cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
 def disk_full(err: BaseException) -> bool:
     """Whether `err` (or what caused it) is a full disk or quota; safetensors reports one as its own error type."""
     while err is not None:
@@ -114,12 +122,8 @@ def clear_preset_folder(output_dir: str | Path, preset: str) -> None:
     if not contents:
         return
     foreign = sorted(p.name for p in contents if not written_by_a_run(p))
-    try:
-        record = json.loads((folder / "run_record.json").read_text(encoding="utf-8"))
-        settings = record["settings"]
-        ours = bool((settings.get("run") or settings.get("recipe") or {}).get(preset))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        ours = False
+    settings = (read_json(folder / "run_record.json") or {}).get("settings") or {}
+    ours = bool((settings.get("run") or settings.get("recipe") or {}).get(preset))
     if not ours or foreign:
         sys.exit(
             f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write"

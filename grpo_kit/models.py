@@ -84,7 +84,7 @@ def attention(model_args, training_args) -> str:
     return "flash_attention_2"
 
 
-def init_kwargs(model_args, training_args) -> dict:
+def init_kwargs(model_args) -> dict:
     """What the trainer loads the model with: the recipe's dtype, the attention chosen at start, the revision."""
     return {
         "dtype": model_args.dtype,

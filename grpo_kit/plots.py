@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
+from grpo_kit.folders import read_json
 from grpo_kit.reports import read_summary
 
 logger = logging.getLogger("grpo_demo")
@@ -45,10 +45,6 @@ def _measured(entry: dict, key: str) -> float | None:
     return None
 
 
-def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None:
     """Draw `<output_dir>/curves.png` from its `trainer_state.json` and `eval/{baseline,final}/summary.json`.
 
@@ -70,7 +66,7 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
     """The curves as a matplotlib figure (one panel each: rewards, completion length where logged, accuracy where
     measured), or None when the folder holds no trainer state."""
     output_dir = Path(output_dir)
-    state = _read_json(output_dir / "trainer_state.json")
+    state = read_json(output_dir / "trainer_state.json")
     if state is None:
         logger.info("No trainer_state.json in %s: no curves to draw", output_dir)
         return None

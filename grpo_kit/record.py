@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from grpo_kit.checks import installed_version
+from grpo_kit.folders import read_json
 
 logger = logging.getLogger("grpo_demo")
 
@@ -106,10 +107,7 @@ def write_run_record(
 
 def read_run_record(output_dir: str | Path) -> dict | None:
     """The run record in `output_dir`, None when there is none (or it cannot be read)."""
-    try:
-        return json.loads((Path(output_dir) / RECORD_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_json(Path(output_dir) / RECORD_NAME)
 
 
 def _plain(args) -> dict:

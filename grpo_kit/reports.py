@@ -6,6 +6,8 @@ import json
 import logging
 from pathlib import Path
 
+from grpo_kit.folders import read_json
+
 logger = logging.getLogger("grpo_demo")
 
 SUMMARY, COMPLETIONS, COMPARISON = "summary.json", "completions.jsonl", "comparison.json"
@@ -27,8 +29,7 @@ def eval_dir(output_dir: str | Path, name: str | None = None) -> Path:
 
 
 def read_summary(output_dir: str | Path, name: str) -> dict | None:
-    path = eval_dir(output_dir, name) / SUMMARY
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
 TERMS = ("model", "questions_sha256", "max_new_tokens")  # what makes two evaluations of one name the same measurement
@@ -48,11 +49,9 @@ def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
 
 def start_model_of(run_dir: str | Path) -> str | None:
     """The model a training run in `run_dir` started from, as its run record says (None without one)."""
-    path = Path(run_dir) / "run_record.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["settings"]["model"]["model_name_or_path"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    from grpo_kit.record import read_run_record
+
+    return ((read_run_record(run_dir) or {}).get("settings") or {}).get("model", {}).get("model_name_or_path")
 
 
 def why_not_comparable(old: dict, new: dict) -> str | None:

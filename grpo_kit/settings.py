@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import yaml
 
 from grpo_kit import checks, hub, models, presets
+from grpo_kit.folders import read_json
 
 logger = logging.getLogger("grpo_demo")
 
@@ -220,9 +221,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     parser.set_defaults(**{**defaults, **direct})
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     if unknown or unknown_cli:
-        found = [f"in {config}: {unknown}"] * bool(unknown) + [f"on the command line: {unknown_cli}"] * bool(
-            unknown_cli
-        )
+        found = [f"in {config}: {unknown}"] if unknown else []
+        found += [f"on the command line: {unknown_cli}"] if unknown_cli else []
         sys.exit(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = vars(namespace)
     values.pop("config", None)
@@ -247,19 +247,21 @@ def resume(values: dict) -> str | None:
     incomplete), None for a fresh start; stops when the run's fixed settings differ from its start's."""
     from grpo_kit.record import read_run_record
 
-    asked, output_dir = values["resume_from_checkpoint"], values["output_dir"]
-    path = checks.resolve_resume(asked, output_dir)
+    asked, output_dir, path = values["resume_from_checkpoint"], values["output_dir"], values["resume_from_checkpoint"]
     if asked in checks.RESUME_LATEST:
-        for folder in checks.checkpoint_folders(output_dir):
-            if path is None or int(folder.name[11:]) > int(Path(path).name[11:]):
-                logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(checks.missing_parts(folder)))
+        missing = {folder: checks.missing_parts(folder) for folder in checks.checkpoint_folders(output_dir)}
+        complete = [folder for folder, parts in missing.items() if not parts]
+        path = str(complete[-1]) if complete else None
+        for folder, parts in missing.items():
+            if parts and (path is None or int(folder.name[11:]) > int(Path(path).name[11:])):
+                logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
         if path is None:
             logger.warning(
                 "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
             )
-    trains = not (values["eval_only"] or values["ask"] is not None)
+    trains = checks.trains(values)
     if path and trains:
-        step = (checks._json(Path(path) / "trainer_state.json", {}) or {}).get("global_step", 0)
+        step = (read_json(Path(path) / "trainer_state.json") or {}).get("global_step", 0)
         if 0 < values["max_steps"] <= step:
             sys.exit(
                 f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "

@@ -70,7 +70,7 @@ def train(tiny_dir, gsm8k_dir, tmp_path, dtype: str, bf16: bool, lora: bool):
     ] + (["--use_peft"] if lora else [])  # fmt: skip
     run, args, model_args = grpo_demo.parse_settings([*argv, "--eval_limit", "4", "--eval_every_steps", "0"])
     assert args.learning_rate == 5e-6  # the recipe's
-    args.model_init_kwargs = models.init_kwargs(model_args, args)
+    args.model_init_kwargs = models.init_kwargs(model_args)
     train_set = grpo_demo.get_gsm8k_questions("train", str(gsm8k_dir))
     test_set = grpo_demo.get_gsm8k_questions("test", str(gsm8k_dir))
     trainer = GRPOTrainer(
