@@ -81,6 +81,15 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
         demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     assert "Reusing the warm-started model" in caplog.text
 
+    # A rebuild (another seed) cut short: the half-written model is not taken for the old one on the next run.
+    monkeypatch.setattr(demo, "warm_start", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"], seed=1)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="grpo_demo"), pytest.raises(KeyboardInterrupt):
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"])  # rebuilds (and is cut again here)
+    assert "Reusing the warm-started model" not in caplog.text
+
 
 @pytest.mark.slow
 def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
