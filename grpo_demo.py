@@ -54,6 +54,7 @@ GRPO_DEFAULTS = dict(
     warmup_steps=0.1,  # a float below 1 is a ratio: 10 % warmup (transformers v5 removed warmup_ratio)
     lr_scheduler_type="cosine",
     logging_steps=1,
+    logging_nan_inf_filter=False,  # a NaN loss is logged as NaN, not as the mean before it (health checks stop on it)
     num_generations=16,  # the group GRPO normalises rewards within: more = lower-variance advantages
     # Per optimizer step with N processes: completions = per_device_train_batch_size (16) x
     # gradient_accumulation_steps (4) x N = 64 N; prompts = completions / num_generations = 4 N. Every process
@@ -336,7 +337,7 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import evaluation, folders, models, modes, plots, preflight, presets, record, tracking
+    from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
@@ -369,14 +370,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
     trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT))  # before, during, after training
+    watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
-    # 3. train (from the last checkpoint when resuming), 4. save the model and every logged metric beside it
+    # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
     trainer.save_state()
     if trainer.accelerator.is_main_process:
         plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
+    watcher.exit_if_stopped()  # non-finite gradients: a checkpoint to resume from, exit code 3
+    trainer.save_model(training_args.output_dir)
     tracking.finish(trainer)
     logger.info("Model saved to %s", training_args.output_dir)
 

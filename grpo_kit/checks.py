@@ -200,6 +200,7 @@ def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
         *vllm(v),
         *generation_precision(v),
         *evaluation_processes(v),
+        *health_checks(v),
     ]
 
 
@@ -502,3 +503,12 @@ def warnings(v: dict) -> list[str]:
             "for fp32 weights with bf16 compute, or use DeepSpeed (which keeps fp32 master weights)"
         )
     return out
+
+
+def health_checks(v: dict) -> list[str]:
+    from grpo_kit.health import CHECKS
+
+    unknown = [name for name in v.get("health_checks_off") or [] if name not in (*CHECKS, "all")]
+    if unknown:
+        return [f"health_checks_off: {', '.join(unknown)}: no such check (the checks: {', '.join(CHECKS)}; or all)"]
+    return []

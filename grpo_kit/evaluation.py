@@ -225,6 +225,9 @@ class AccuracyCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not self.before_and_after:
             return
+        if state.global_step < state.max_steps:  # stopped early (health checks): "final" measures a finished run
+            logger.info("Stopped at step %d of %d: no final evaluation", state.global_step, state.max_steps)
+            return
         self.report("final", args.output_dir)
         if self.trainer.accelerator.is_main_process:
             compare(args.output_dir)

@@ -60,6 +60,13 @@ class RunArguments:
     ask: str | None = field(
         default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
     )
+    health_checks_off: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Training-health checks to leave off (grpo_kit/health.py): truncation, no_signal, format_only, "
+            "length_runaway, entropy_collapse, not_finite; or all"
+        },
+    )
     allow_changed_settings: bool = field(
         default=False,
         metadata={"help": "Resume even where settings differ from the run's start (learning rate, batch, model...)"},

@@ -115,3 +115,5 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
     measured = [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e]
     assert measured == list(range(5, 41, 5))  # every 5 steps, for the curves
+    assert json.loads((run / "health.json").read_text())["findings"] == []  # a healthy run says so
+    assert "Training health: ok" in result.stdout

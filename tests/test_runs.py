@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import signal
 import socket
@@ -82,6 +83,73 @@ def test_a_run_records_what_it_ran(smoke_run):
     with safe_globals():
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
             torch.load(out / "checkpoint-2" / name, weights_only=True)
+
+
+def test_a_run_says_what_goes_wrong_while_it_goes_wrong(smoke_run):
+    """The smoke model is random: it never stops writing, so every step truncates nearly all completions."""
+    _, out, stdout = smoke_run
+    assert "Training health: first step's loss" in stdout
+    assert "Training health, step 3: truncation (completions/clipped_ratio" in stdout
+    assert "Change: raise --max_completion_length (e.g. 96)" in stdout
+    assert "Training health: findings" in stdout.split("GSM8K, baseline vs final")[-1]  # after the final table
+    record = json.loads((out / "health.json").read_text())
+    assert record["status"] == "findings" and [(f["check"], f["step"]) for f in record["findings"]] == [
+        ("truncation", 3)
+    ]
+    state = json.loads((out / "trainer_state.json").read_text())
+    marks = [e["health/truncation"] for e in state["log_history"] if "loss" in e]
+    assert marks == [0.0, 0.0, 1.0, 1.0]
+    wandb_files = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert b"health/truncation" in wandb_files[0].read_bytes()  # a curve in wandb
+
+
+NAN_AT_STEP_3 = """
+import math
+import trl
+
+original = trl.GRPOTrainer.compute_loss
+
+
+def compute_loss(self, model, inputs, *args, **kwargs):
+    loss = original(self, model, inputs, *args, **kwargs)
+    return loss * math.nan if self.state.global_step == 2 else loss  # the loss of step 3
+
+
+trl.GRPOTrainer.compute_loss = compute_loss
+
+import grpo_demo
+
+grpo_demo.main()
+"""
+
+
+def test_a_non_finite_loss_stops_the_run_with_a_checkpoint_it_resumes_from(tmp_path):
+    script = tmp_path / "nan_at_step_3.py"
+    script.write_text(NAN_AT_STEP_3)
+    args = ["--smoke", "--max_steps", "5", "--save_steps", "2", "--output_dir", "outputs/nan"]
+    stopped = run_recipe(args, cwd=tmp_path, script=script)
+    assert stopped.returncode == 3, stopped.stdout[-3000:]
+    assert "Stopped at step 3: the gradients are not finite" in stopped.stdout
+    assert "Traceback" not in stopped.stdout
+    out = tmp_path / "outputs" / "nan"
+    record = json.loads((out / "health.json").read_text())
+    assert record["status"] == "stopped" and record["stopped"]["step"] == 3
+    assert ("not_finite", 3) in [(f["check"], f["step"]) for f in record["findings"]]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    losses = {e["step"]: e["loss"] for e in history if "loss" in e}
+    assert math.isnan(losses[3]) and math.isfinite(losses[2])  # logged as it was
+    # Checkpoint 3 holds the weights before step 3's update (skipped), and checkpoint 2 is still there.
+    before, at_stop = (load_file(out / f"checkpoint-{step}" / "model.safetensors") for step in (2, 3))
+    assert all(torch.equal(before[name], at_stop[name]) for name in before)
+    assert all(torch.isfinite(tensor).all() for tensor in at_stop.values())
+    assert not (out / "model.safetensors").exists() and not (out / "eval" / "final").exists()  # not a finished run
+
+    resumed = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "Resuming from outputs/nan/checkpoint-3" in resumed.stdout
+    assert logged_steps(resumed.stdout) == 2
+    assert all(torch.isfinite(t).all() for t in load_file(out / "model.safetensors").values())
+    assert json.loads((out / "health.json").read_text())["status"] == "findings"  # the stop's finding, kept
 
 
 # ----------------------------------------------------------------------------------------------------------------

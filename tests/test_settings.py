@@ -62,6 +62,7 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
     assert (model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout) == (16, 64, 0.05)
     assert set(model_args.lora_target_modules) == TARGETS
     assert args.trust_remote_code is False
+    assert run.health_checks_off == [] and args.logging_nan_inf_filter is False  # every check on, a NaN logged as NaN
 
 
 @pytest.mark.parametrize(
@@ -212,6 +213,7 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--max_steps", "0"], "max_steps=0, num_train_epochs=1: this run would train nothing"),
         (["--num_train_epochs", "0"], "max_steps=-1, num_train_epochs=0.0: this run would train nothing"),
         (["--output_dir", ""], "output_dir is empty: name a folder"),
+        (["--health_checks_off", "truncation", "entropy"], "health_checks_off: entropy: no such check"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):

@@ -1,0 +1,432 @@
+"""Training health: the few ways a GRPO run goes wrong, said while it goes wrong, with the setting to change.
+
+TRL already logs every signal needed; the watcher reads them at each logged step. When a condition holds for its
+whole window of logged steps (never on one noisy step), it says once what it sees (the metric and its values over
+those steps) and what to change (a setting and a value):
+
+| check | reads | holds when |
+| --- | --- | --- |
+| truncation | completions/clipped_ratio | half the completions or more hit max_completion_length, 3 steps running |
+| no_signal | frac_reward_zero_std | 90 % of groups or more score all alike (advantage 0), 5 steps running |
+| format_only | rewards/<name>/mean | every format reward at >= 90 % of its maximum, < 10 % correct, 10 steps |
+| length_runaway | completions/mean_length | mean length up 30 % on the 10 steps before, correct share not up 2 points |
+| entropy_collapse | entropy | below a tenth of the run's first 5 steps, 5 steps running |
+| not_finite | loss, grad_norm, reward | any of them NaN or infinite, once |
+
+Findings go to the console, to the log as `health/<check>` (1 on the steps where it holds, 0 elsewhere: wandb draws
+when it fired), to `<output_dir>/health.json` and to the end-of-run line; `curves.png` marks them.
+
+A non-finite gradient stops the run: the update is skipped (every process agrees), the step is saved as a checkpoint
+that `--resume_from_checkpoint latest` continues from, and the run exits with code `EXIT_NOT_FINITE`. Where the
+gradients cannot be seen (DeepSpeed keeps its own), a non-finite loss or gradient norm in the log stops the run
+without saving the damaged weights, and the newest checkpoint is the one to resume from.
+
+The watcher reads only what is logged and raises nothing on a metric it does not find (another TRL version may name
+it otherwise): that check then stays silent. `--health_checks_off NAME ...` (or `all`) turns checks off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger("grpo_demo")
+
+FILE_NAME = "health.json"
+EXIT_NOT_FINITE = 3  # a run stopped on a non-finite loss or gradient: neither success (0) nor a crash (1)
+
+# Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1).
+TRUNCATED_SHARE = 0.5  # half the completions cut: they have no answer block, so they cannot earn correctness
+TRUNCATED_WINDOW = 3
+NO_SIGNAL_SHARE = 0.9  # a group whose completions all score alike has advantage 0: it teaches nothing
+NO_SIGNAL_WINDOW = 5
+FORMAT_CEILING_SHARE = 0.9  # every format reward at 90 % of its maximum: the format is learned...
+FORMAT_CORRECT_RATE = 0.1  # ...while fewer than 1 completion in 10 is right: rewarded for the form alone
+FORMAT_WINDOW = 10
+LENGTH_GROWTH = 1.3  # mean length 30 % above the window before it...
+LENGTH_GAIN = 0.02  # ...with the share of correct completions up by less than 2 points: longer, not better
+LENGTH_WINDOW = 10
+ENTROPY_SHARE = 0.1  # a tenth of the run's starting entropy: sampling close to greedy, groups stop differing
+ENTROPY_WINDOW = 5
+
+CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_finite")
+CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
+LENGTH, ENTROPY = "completions/mean_length", "entropy"
+NOT_FINITE_KEYS = ("loss", "grad_norm", "reward")
+TRAINING_KEYS = ("loss", "reward")  # a logged entry with either is a training step (not an evaluation)
+
+
+def reward_roles(reward_funcs, answer_format) -> tuple[dict[str, float], dict[str, float]]:
+    """({logged key: maximum} of the correctness rewards, the same of the format rewards), found by scoring one
+    perfect completion in the recipe's own format against its gold answer and against another: a reward that
+    changes with the gold judges correctness, one that does not judges form. A reward that fails on the probe, or
+    earns nothing on a perfect completion, is left out (no check reads it)."""
+    completion = answer_format.solution_template.format(reasoning="2 + 2 = 4", answer="4")
+    prompts = [answer_format.chat_prompt("What is 2 + 2?")]
+    completions = [[{"role": "assistant", "content": completion}]]
+    correct, form = {}, {}
+    for func in reward_funcs:
+        name = getattr(func, "__name__", None)
+        try:
+            right, wrong = (float(func(prompts=prompts, completions=completions, answer=[g])[0]) for g in ("4", "5"))
+        except Exception:  # noqa: BLE001 - a user's reward of another shape: not one the checks can read
+            continue
+        if name and math.isfinite(right) and right > 0:
+            (correct if right != wrong else form)[f"rewards/{name}/mean"] = right
+    return correct, form
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.3g}" for v in values)
+
+
+class Watcher:
+    """The checks over a stream of logged entries, independent of any trainer: `observe` one entry at a time.
+
+    `settings` holds the values the remedies name: max_completion_length, num_generations, temperature,
+    learning_rate, beta, num_iterations, max_grad_norm.
+    """
+
+    def __init__(self, settings: dict, correct: dict[str, float], form: dict[str, float], off=()):
+        self.settings, self.correct, self.form = settings, correct, form
+        self.enabled = [name for name in CHECKS if name not in off and "all" not in off]
+        self.series: dict[str, list[float]] = defaultdict(list)
+        self.findings: list[dict] = []
+        self.fired: set[str] = set()
+        self.entropy_start: float | None = None
+
+    def observe(self, entry: dict) -> tuple[dict[str, float], list[dict]]:
+        """Take one logged entry: ({`health/<check>`: 1.0 where it holds now, else 0.0}, the findings it makes
+        first). An entry of no training step (an evaluation's) gives ({}, [])."""
+        if not any(key in entry for key in TRAINING_KEYS):
+            return {}, []
+        step = entry.get("step")
+        for key, value in entry.items():
+            number = _number(value)
+            if number is not None and math.isfinite(number):  # a NaN is the not_finite check's, not a trend
+                self.series[key].append(number)
+        self.series["_correct_rate"].append(self._correct_rate(entry))
+        if self.entropy_start is None and len(self.series[ENTROPY]) >= ENTROPY_WINDOW:
+            self.entropy_start = _mean(self.series[ENTROPY][:ENTROPY_WINDOW])
+        metrics, new = {}, []
+        for name in self.enabled:
+            seen = getattr(self, f"_{name}")(entry)
+            metrics[f"health/{name}"] = 1.0 if seen else 0.0
+            if seen and name not in self.fired:
+                self.fired.add(name)
+                what, change = seen
+                finding = {"check": name, "step": step, "what": what, "change": change}
+                self.findings.append(finding)
+                new.append(finding)
+        return metrics, new
+
+    # ---- the checks: each returns (what it sees, what to change) while its condition holds, else None
+
+    def _last(self, key: str, n: int) -> list[float] | None:
+        values = self.series.get(key, [])
+        return values[-n:] if len(values) >= n else None
+
+    def _correct_rate(self, entry: dict) -> float | None:
+        """The share of completions the correctness rewards gave full marks this step, None where not logged."""
+        rates = [_number(entry.get(key)) for key in self.correct]
+        if not rates or any(r is None for r in rates):
+            return None
+        return _mean([rate / self.correct[key] for rate, key in zip(rates, self.correct, strict=True)])
+
+    def _truncation(self, entry):
+        last = self._last(CLIPPED, TRUNCATED_WINDOW)
+        if last is None or min(last) < TRUNCATED_SHARE:
+            return None
+        n = self.settings.get("max_completion_length")
+        return (
+            f"{CLIPPED} {_fmt(last)} over the last {TRUNCATED_WINDOW} steps: most completions are cut at "
+            f"max_completion_length ({n} tokens), and a cut completion has no answer to earn the correctness reward",
+            f"raise --max_completion_length (e.g. {2 * n if n else 'double it'}); completions that never end may "
+            "also mean the model's end-of-turn token is not the tokenizer's EOS (read the completions table)",
+        )
+
+    def _no_signal(self, entry):
+        last = self._last(ZERO_STD, NO_SIGNAL_WINDOW)
+        if last is None or min(last) < NO_SIGNAL_SHARE:
+            return None
+        what = (
+            f"{ZERO_STD} {_fmt(last)} over the last {NO_SIGNAL_WINDOW} steps: in most groups every completion earns "
+            "the same reward, so its advantages are 0 and it teaches nothing"
+        )
+        rate = self.series["_correct_rate"][-1]
+        if rate is not None and rate >= 1 - FORMAT_CORRECT_RATE:
+            return what, "the training problems are solved: more steps teach little; stop here or use harder ones"
+        g, t = self.settings.get("num_generations"), self.settings.get("temperature")
+        return what, (
+            f"more varied groups: raise --num_generations (now {g}, e.g. {2 * g if g else 'double it'}; the batch "
+            f"must stay a multiple of it) or --temperature (now {t}, e.g. {round(t + 0.2, 2) if t else 1.0})"
+        )
+
+    def _format_only(self, entry):
+        if not self.correct or not self.form:
+            return None
+        shares = [self._last(key, FORMAT_WINDOW) for key in self.form]
+        rates = self._last("_correct_rate", FORMAT_WINDOW)
+        if any(s is None for s in shares) or rates is None or any(r is None for r in rates):
+            return None
+        formed = [min(s) / self.form[key] for s, key in zip(shares, self.form, strict=True)]
+        if min(formed) < FORMAT_CEILING_SHARE or max(rates) >= FORMAT_CORRECT_RATE:
+            return None
+        g = self.settings.get("num_generations")
+        return (
+            f"the format rewards are at {100 * min(formed):.0f} % or more of their maximum while "
+            f"{100 * max(rates):.0f} % of completions or fewer are correct, over the last {FORMAT_WINDOW} steps: "
+            "the model is rewarded for the form alone",
+            "read the completions table (gold vs extracted): a grading problem shows there; else raise "
+            f"--num_generations (now {g}, e.g. {2 * g if g else 'double it'}) so that a group more often holds a "
+            "correct answer to learn from, or start from a stronger model",
+        )
+
+    def _length_runaway(self, entry):
+        lengths = self._last(LENGTH, 2 * LENGTH_WINDOW)
+        rates = self._last("_correct_rate", 2 * LENGTH_WINDOW)
+        if lengths is None or rates is None or any(r is None for r in rates):
+            return None
+        before, now = _mean(lengths[:LENGTH_WINDOW]), _mean(lengths[LENGTH_WINDOW:])
+        gain = _mean(rates[LENGTH_WINDOW:]) - _mean(rates[:LENGTH_WINDOW])
+        if now < LENGTH_GROWTH * before or gain >= LENGTH_GAIN:
+            return None
+        n = self.settings.get("max_completion_length")
+        return (
+            f"{LENGTH} {before:.0f} -> {now:.0f} tokens (means of {LENGTH_WINDOW} steps) while the correct share "
+            f"moved {100 * gain:+.1f} points: completions grow without earning more",
+            "read the completions for repetition or padding; --mask_truncated_completions true keeps cut ones out "
+            f"of the loss, and a lower --max_completion_length (now {n}) caps the growth",
+        )
+
+    def _entropy_collapse(self, entry):
+        last = self._last(ENTROPY, ENTROPY_WINDOW)
+        start = self.entropy_start
+        if last is None or start is None or len(self.series[ENTROPY]) < 2 * ENTROPY_WINDOW:
+            return None
+        if max(last) >= ENTROPY_SHARE * start:
+            return None
+        t, lr = self.settings.get("temperature"), self.settings.get("learning_rate")
+        return (
+            f"{ENTROPY} {_fmt(last)} over the last {ENTROPY_WINDOW} steps, from {start:.3g} at the start: the policy "
+            "samples close to greedily, so its groups stop differing",
+            f"raise --temperature (now {t}, e.g. {round(t + 0.2, 2) if t else 1.0}) or lower --learning_rate (now "
+            f"{lr}, e.g. {lr / 2 if lr else 'half'}); --beta 0.04 (the reference's KL) keeps it nearer the start",
+        )
+
+    def _not_finite(self, entry):
+        bad = {key: entry[key] for key in NOT_FINITE_KEYS if _number(entry.get(key)) is not None}
+        bad = {key: value for key, value in bad.items() if not math.isfinite(value)}
+        if not bad:
+            return None
+        lr, clip = self.settings.get("learning_rate"), self.settings.get("max_grad_norm")
+        return (
+            ", ".join(f"{key} {value}" for key, value in bad.items()) + " at this step",
+            f"lower --learning_rate (now {lr}, e.g. {lr / 10 if lr else 'a tenth'}) and keep --max_grad_norm (now "
+            f"{clip}) above 0, then --resume_from_checkpoint latest; a reward function returning NaN shows in reward",
+        )
+
+    def stops(self, entry: dict) -> bool:
+        """Whether this entry's loss or gradient norm is not finite (and the check is on): the run must stop."""
+        return "not_finite" in self.enabled and any(
+            _number(entry.get(key)) is not None and not math.isfinite(entry[key]) for key in ("loss", "grad_norm")
+        )
+
+
+def loss_explanation(settings: dict, loss: float) -> str:
+    """What the loss at the first logged step means in this configuration, and which curves show learning."""
+    beta, iterations = settings.get("beta") or 0.0, settings.get("num_iterations") or 1
+    lines = [f"Training health: first step's loss {loss:.4g}."]
+    if beta == 0 and iterations == 1:
+        lines.append(
+            "With no KL term (beta 0) and one iteration per generation batch (num_iterations 1), each completion is "
+            "scored by the policy that sampled it: the probability ratio is 1, the loss is minus the advantage-"
+            "weighted tokens, and a group's advantages sum to 0. So it stays near 0 (its sign says whether the "
+            "longer completions were the better ones) and says nothing about learning."
+        )
+    else:
+        if iterations > 1:
+            lines.append(f"num_iterations {iterations}: later passes over a batch move the ratio off 1 and the loss.")
+        if beta > 0:
+            lines.append(f"beta {beta}: the loss holds beta x KL to the start model, 0 at first, growing as it moves.")
+    lines.append(
+        "Learning shows in reward and rewards/<name>/mean rising, eval accuracy, and completions/mean_length; "
+        "health checks watch the rest (grpo_kit/health.py)."
+    )
+    return " ".join(lines)
+
+
+class HealthCallback(TrainerCallback):
+    """The watcher on a trainer: marks each log with `health/<check>`, says findings as they come, writes
+    `health.json`, and stops the run on non-finite gradients (see the module docstring)."""
+
+    def __init__(self, trainer, watcher: Watcher):
+        self.trainer, self.watcher = trainer, watcher
+        self.main = trainer.accelerator.is_main_process
+        self.path = Path(trainer.args.output_dir) / FILE_NAME
+        self.skipped_step: int | None = None  # the step whose update was skipped: its gradients were not finite
+        self.stopped: dict | None = None
+        self.explained = False
+        self.seconds, self.observed, self.started = 0.0, 0, time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+        self.explained = state.global_step > 0
+        for entry in state.log_history:  # a resumed run: what it logged before, quietly (each finding said once)
+            self.watcher.observe(entry)
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if "not_finite" not in self.watcher.enabled or model is None:
+            return
+        started = time.perf_counter()
+        if not self._gradients_finite(model):
+            for param in model.parameters():
+                param.grad = None  # the optimizer leaves a parameter without a gradient as it is: no update
+            self.skipped_step = state.global_step + 1
+        self.seconds += time.perf_counter() - started
+
+    def _gradients_finite(self, model) -> bool:
+        """Whether every process's gradients are finite: one reduction, so that every process skips alike."""
+        import torch
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a sharded (FSDP) gradient
+        if grads:
+            flag = torch.stack([g.sum(dtype=torch.float32) for g in grads]).sum().isfinite().float()
+        else:  # DeepSpeed holds its gradients itself: the logged loss and gradient norm are checked instead
+            flag = torch.ones((), device=self.trainer.accelerator.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.skipped_step == state.global_step:
+            control.should_save = True  # the weights before this step's update: safe to resume from
+            control.should_training_stop = True
+            self.stopped = {
+                "step": state.global_step,
+                "reason": "the gradients are not finite",
+                "saved": f"checkpoint-{state.global_step}, holding the weights before this step's update",
+            }
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        started = time.perf_counter()
+        entry = {**(logs or {}), "step": state.global_step}
+        metrics, new = self.watcher.observe(entry)
+        if metrics:
+            self.observed += 1
+            logs.update(metrics)  # before the reporters (wandb) read it
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(metrics)  # the trainer stored a copy: trainer_state.json
+        if not self.explained and _number(entry.get("loss")) is not None:
+            self.explained = True
+            if self.main:
+                logger.info(loss_explanation(self.watcher.settings, entry["loss"]))
+        for finding in new:
+            if self.main:
+                logger.warning(
+                    "Training health, step %s: %s (%s).\n  Change: %s",
+                    finding["step"],
+                    finding["check"],
+                    finding["what"],
+                    finding["change"],
+                )
+        if self.stopped is None and self.watcher.stops(entry):  # the update already went in: nothing to save
+            control.should_save = False
+            control.should_training_stop = True
+            self.stopped = {
+                "step": state.global_step,
+                "reason": "the logged loss or gradient norm is not finite",
+                "saved": "nothing: the weights after this step are not finite; the newest checkpoint is the last "
+                "good one",
+            }
+        if new or self.stopped:
+            self.write(state)
+        self.seconds += time.perf_counter() - started
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.write(state)
+
+    def status(self) -> str:
+        return "stopped" if self.stopped else "findings" if self.watcher.findings else "ok"
+
+    def write(self, state) -> None:
+        if not self.main:
+            return
+        elapsed = time.perf_counter() - self.started
+        record = {
+            "status": self.status(),
+            "stopped": self.stopped,
+            "findings": self.watcher.findings,
+            "checks": {name: name in self.watcher.enabled for name in CHECKS},
+            "cost": {
+                "logged_steps": self.observed,
+                "health_ms_per_step": round(1000 * self.seconds / max(self.observed, 1), 4),
+                "training_ms_per_step": round(1000 * elapsed / max(self.observed, 1), 1),
+            },
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    def summary_line(self) -> str:
+        if not self.watcher.findings and not self.stopped:
+            return f"Training health: ok ({len(self.watcher.enabled)} checks, {self.path})"
+        lines = [f"Training health: {self.status()} ({self.path})"]
+        lines += [f"  step {f['step']}: {f['check']} -> {f['change']}" for f in self.watcher.findings]
+        if self.stopped:
+            stop = self.stopped
+            lines.append(f"  stopped at step {stop['step']}: {stop['reason']}; saved {stop['saved']}")
+        return "\n".join(lines)
+
+    def exit_if_stopped(self) -> None:
+        """End the process with `EXIT_NOT_FINITE` where the run was stopped, saying how to go on."""
+        if not self.stopped:
+            return
+        if self.main:
+            logger.error(
+                "Stopped at step %d: %s. Saved: %s. Change the setting named above, then "
+                "--resume_from_checkpoint latest",
+                self.stopped["step"],
+                self.stopped["reason"],
+                self.stopped["saved"],
+            )
+        raise SystemExit(EXIT_NOT_FINITE)
+
+
+class _EndOfRunLine(TrainerCallback):
+    """The health line, after everything else the end of training prints (the final evaluation's table)."""
+
+    def __init__(self, health: HealthCallback):
+        self.health = health
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.health.main:
+            print(self.health.summary_line(), flush=True)
+
+
+SETTINGS = ("max_completion_length", "num_generations", "temperature", "learning_rate", "beta", "num_iterations")
+
+
+def watch(trainer, off, reward_funcs, answer_format) -> HealthCallback:
+    """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them."""
+    args = trainer.args
+    settings = {name: getattr(args, name, None) for name in (*SETTINGS, "max_grad_norm")}
+    watcher = Watcher(settings, *reward_roles(reward_funcs, answer_format), off=off)
+    health = HealthCallback(trainer, watcher)
+    trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
+    trainer.add_callback(_EndOfRunLine(health))
+    return health

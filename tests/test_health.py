@@ -1,0 +1,315 @@
+"""Training health: each condition fed as a stream of logged steps gives one finding with its remedy; healthy streams
+(the demo's real log among them) give none; a non-finite gradient stops the run with a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+import grpo_demo
+from grpo_kit import health
+
+CORRECT, FORM = health.reward_roles(grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+RECIPE = {  # the recipe's values of the settings the remedies name
+    "max_completion_length": 786,
+    "num_generations": 16,
+    "temperature": 0.9,
+    "learning_rate": 5e-6,
+    "beta": 0.0,
+    "num_iterations": 1,
+    "max_grad_norm": 0.1,
+}
+DEMO_LOG = Path(__file__).parent / "data" / "demo_log_history.json"  # `python grpo_demo.py --demo`'s, as logged
+
+
+def healthy(step: int) -> dict:
+    """One logged step of a run going well: formatted, half correct, some spread in most groups."""
+    return {
+        "step": step,
+        "loss": 0.002,
+        "grad_norm": 0.3,
+        "reward": 3.0,
+        "entropy": 0.4,
+        "frac_reward_zero_std": 0.25,
+        "completions/clipped_ratio": 0.02,
+        "completions/mean_length": 200.0,
+        **{key: 0.45 for key in FORM},
+        **{key: 1.0 for key in CORRECT},  # half the completions correct
+    }
+
+
+def run(steps: int, off=(), settings=RECIPE, **changes) -> tuple[health.Watcher, list[dict], list[dict]]:
+    """Feed `steps` logged steps, `changes` replacing metrics (a value, or a function of the step) from step 1:
+    (the watcher, every finding in order, each step's health metrics)."""
+    watcher = health.Watcher(settings, CORRECT, FORM, off=off)
+    findings, marks = [], []
+    for step in range(1, steps + 1):
+        entry = healthy(step)
+        for key, value in changes.items():
+            entry[key.replace("__", "/")] = value(step) if callable(value) else value
+        metrics, new = watcher.observe(entry)
+        findings += new
+        marks.append(metrics)
+    return watcher, findings, marks
+
+
+CORRECTNESS = next(iter(CORRECT)).replace("/", "__")
+
+
+def test_the_rewards_are_told_apart_by_what_they_judge():
+    assert CORRECT == {"rewards/correctness_reward_func/mean": 2.0}
+    assert {
+        f"rewards/{name}_reward_func/mean": 0.5 for name in ("xmlcount", "soft_format", "strict_format", "int")
+    } == FORM
+
+    def broken(completions, **kwargs):
+        raise KeyError("needs a column this recipe has not")
+
+    def silent(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    assert health.reward_roles([broken, silent], grpo_demo.ANSWER_FORMAT) == ({}, {})
+
+
+@pytest.mark.parametrize(
+    ("check", "changes", "fired_at", "remedy"),
+    [
+        ("truncation", {"completions__clipped_ratio": 0.7}, 3, "raise --max_completion_length (e.g. 1572)"),
+        ("no_signal", {"frac_reward_zero_std": 1.0, CORRECTNESS: 0.2}, 5, "--num_generations (now 16, e.g. 32"),
+        ("format_only", {CORRECTNESS: 0.1}, 10, "raise --num_generations (now 16, e.g. 32)"),
+        (
+            "length_runaway",
+            {"completions__mean_length": lambda s: 200.0 if s <= 10 else 300.0},
+            20,
+            "--mask_truncated_completions true",
+        ),
+        (
+            "entropy_collapse",
+            {"entropy": lambda s: 0.4 if s <= 5 else 0.02},
+            10,
+            "raise --temperature (now 0.9, e.g. 1.1) or lower --learning_rate (now 5e-06, e.g. 2.5e-06)",
+        ),
+        ("not_finite", {"loss": lambda s: math.nan if s == 7 else 0.002}, 7, "lower --learning_rate (now 5e-06"),
+    ],
+)
+def test_each_condition_held_long_enough_is_said_once_with_its_remedy(check, changes, fired_at, remedy):
+    watcher, findings, marks = run(30, **changes)
+    assert [(f["check"], f["step"]) for f in findings] == [(check, fired_at)]
+    assert remedy in findings[0]["change"]
+    # The metric per check: 1 on the steps where it holds, 0 elsewhere, the other checks 0 throughout.
+    held = [step for step, m in enumerate(marks, 1) if m[f"health/{check}"] == 1.0]
+    assert held[0] == fired_at
+    assert all(m[f"health/{other}"] == 0.0 for m in marks for other in health.CHECKS if other != check)
+
+
+def test_a_finding_names_the_metric_and_its_values_over_the_window():
+    _, findings, _ = run(4, completions__clipped_ratio=lambda s: [0.1, 0.6, 0.75, 1.0][s - 1])
+    assert findings[0]["what"].startswith("completions/clipped_ratio 0.6, 0.75, 1 over the last 3 steps")
+    assert "max_completion_length (786 tokens)" in findings[0]["what"]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"completions__clipped_ratio": lambda s: 0.9 if s % 3 == 0 else 0.1},  # one step in three
+        {"frac_reward_zero_std": lambda s: 1.0 if s % 5 else 0.5},  # four of five, never five running
+        {"entropy": lambda s: 0.4 if s % 5 else 0.01},  # single dips
+        {"loss": lambda s: -0.3 if s % 2 else 0.3},  # a loss of either sign, far from 0
+        {"completions__mean_length": lambda s: 100.0 + 10 * s, CORRECTNESS: lambda s: min(2.0, 0.05 * s)},
+    ],
+    ids=["truncated-spikes", "no-signal-spikes", "entropy-dips", "loss-swings", "longer-and-better"],
+)
+def test_noise_and_healthy_change_make_no_finding(changes):
+    assert run(60, **changes)[1] == []
+
+
+def test_the_demos_real_log_is_healthy():
+    demo = {**RECIPE, "max_completion_length": 72, "num_generations": 8, "learning_rate": 3e-4}
+    watcher = health.Watcher(demo, CORRECT, FORM)
+    entries = json.loads(DEMO_LOG.read_text())
+    assert sum("loss" in e for e in entries) == 40 and any("eval_accuracy_strict" in e for e in entries)
+    for entry in entries:
+        watcher.observe(entry)
+    assert watcher.findings == []
+
+
+def test_groups_that_all_solve_the_problem_say_so():
+    _, findings, _ = run(10, frac_reward_zero_std=1.0, **{CORRECTNESS: 1.96})
+    assert [f["check"] for f in findings] == ["no_signal"]
+    assert findings[0]["change"].startswith("the training problems are solved")
+
+
+def test_non_finite_values_stop_only_for_the_loss_and_gradient_norm():
+    watcher = health.Watcher(RECIPE, CORRECT, FORM)
+    for step, change, stops in [(1, {}, False), (2, {"reward": math.inf}, False), (3, {"grad_norm": math.nan}, True)]:
+        entry = {**healthy(step), **change}
+        watcher.observe(entry)
+        assert watcher.stops(entry) is stops
+    assert [(f["check"], f["step"]) for f in watcher.findings] == [("not_finite", 2)]  # said once
+    assert health.Watcher(RECIPE, CORRECT, FORM, off=["not_finite"]).stops(entry) is False
+
+
+def test_missing_renamed_or_odd_metrics_raise_nothing():
+    watcher = health.Watcher(RECIPE, CORRECT, FORM)
+    entries = [
+        {"step": 1, "loss": 0.0},  # an older TRL: nothing else logged
+        {"step": 2, "loss": 0.0, "reward": None, "entropy": "n/a", "completions/clipped_ratio": True},
+        {"step": 3, "train/loss": 0.1, "train/reward": 2.0},  # another naming: not a training entry here
+        {"step": 3, "eval_accuracy_strict": 0.5},  # an evaluation
+        {},
+    ]
+    for _ in range(30):
+        for entry in entries:
+            watcher.observe(entry)
+    assert watcher.findings == []
+    assert watcher.observe({"step": 4, "eval_accuracy_strict": 0.5}) == ({}, [])
+
+
+def test_checks_can_be_turned_off():
+    _, findings, marks = run(10, off=["truncation"], completions__clipped_ratio=1.0, frac_reward_zero_std=1.0)
+    assert [f["check"] for f in findings] == ["no_signal"]
+    assert "health/truncation" not in marks[-1]
+    _, findings, marks = run(10, off=["all"], completions__clipped_ratio=1.0, loss=math.nan)
+    assert findings == [] and marks[-1] == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "says", "not_says"),
+    [
+        ({}, "stays near 0", "KL to the start model"),
+        ({"beta": 0.04}, "beta 0.04: the loss holds beta x KL", "stays near 0"),
+        ({"num_iterations": 2}, "num_iterations 2: later passes", "stays near 0"),
+    ],
+)
+def test_the_first_loss_is_explained_for_the_configuration(settings, says, not_says):
+    text = health.loss_explanation({**RECIPE, **settings}, 0.0003)
+    assert says in text and not_says not in text
+    assert "rewards/<name>/mean" in text and "eval accuracy" in text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# On a trainer: marks in the log, health.json, the stop on non-finite gradients
+
+
+def fake_trainer(tmp_path: Path, callbacks: list | None = None):
+    callbacks = [] if callbacks is None else callbacks
+    return SimpleNamespace(
+        accelerator=SimpleNamespace(is_main_process=True, device=torch.device("cpu")),
+        args=SimpleNamespace(output_dir=str(tmp_path), **RECIPE),
+        callback_handler=SimpleNamespace(callbacks=callbacks),
+        add_callback=callbacks.append,
+    )
+
+
+def test_the_watcher_runs_before_the_reporters_and_says_the_last_word(tmp_path):
+    reporters = ["DefaultFlowCallback", "WandbCallback", "AccuracyCallback"]
+    trainer = fake_trainer(tmp_path, list(reporters))
+    callback = health.watch(trainer, [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    assert trainer.callback_handler.callbacks[0] is callback  # wandb sees its health/ metrics
+    assert trainer.callback_handler.callbacks[1:-1] == reporters
+    assert trainer.callback_handler.callbacks[-1].health is callback  # the end-of-run line after the final table
+
+
+def test_each_log_is_marked_where_wandb_and_trainer_state_read_it(tmp_path, caplog):
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(None, state, control)
+    with caplog.at_level(logging.INFO, logger="grpo_demo"):
+        for step in range(1, 5):
+            state.global_step = step
+            logs = {k: v for k, v in healthy(step).items() if k != "step"}
+            logs["completions/clipped_ratio"] = 0.9
+            state.log_history.append({**logs, "step": step})  # as Trainer.log stores a copy
+            callback.on_log(None, state, control, logs=logs)
+            assert logs["health/truncation"] == state.log_history[-1]["health/truncation"] == (step >= 3)
+        eval_logs = {"eval_accuracy_strict": 0.5}
+        callback.on_log(None, state, control, logs=eval_logs)
+        assert eval_logs == {"eval_accuracy_strict": 0.5}  # an evaluation's entry is left as it is
+    assert caplog.text.count("first step's loss 0.002") == 1
+    assert caplog.text.count("Training health, step 3: truncation") == 1
+    callback.on_train_end(None, state, control)
+    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    assert record["status"] == "findings" and [f["check"] for f in record["findings"]] == ["truncation"]
+    assert record["cost"]["logged_steps"] == 4 and record["cost"]["health_ms_per_step"] >= 0
+    assert "step 3: truncation -> raise --max_completion_length" in callback.summary_line()
+
+
+def test_a_resumed_run_keeps_its_findings_without_saying_them_again(tmp_path, caplog):
+    history = [{**healthy(s), "completions/clipped_ratio": 0.9} for s in range(1, 5)]
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state = TrainerState(global_step=4, log_history=history)
+    with caplog.at_level(logging.INFO, logger="grpo_demo"):
+        callback.on_train_begin(None, state, TrainerControl())
+        state.global_step = 5
+        callback.on_log(None, state, TrainerControl(), logs={**history[-1], "step": 5})
+    assert [(f["check"], f["step"]) for f in callback.watcher.findings] == [("truncation", 3)]
+    assert "Training health" not in caplog.text  # neither the finding nor the first-step explanation again
+
+
+def nan_gradients_step(tmp_path, off=()):
+    """One optimizer step of a small model whose gradients are NaN, with the health callback as the trainer calls
+    it: (the callback, the control after the step, weights before, weights after)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    callback = health.watch(fake_trainer(tmp_path), off, grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(global_step=6, max_steps=10), TrainerControl()
+    callback.on_train_begin(None, state, control)
+    (model(torch.ones(3, 4)).sum() * math.nan).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    callback.on_pre_optimizer_step(None, state, control, model=model)
+    optimizer.step()
+    state.global_step += 1
+    callback.on_step_end(None, state, control)
+    callback.on_log(None, state, control, logs={**healthy(7), "loss": math.nan, "grad_norm": math.nan})
+    return callback, control, before, list(model.parameters())
+
+
+def test_non_finite_gradients_skip_the_update_save_and_stop(tmp_path, caplog):
+    callback, control, before, after = nan_gradients_step(tmp_path)
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))  # the update was skipped
+    assert control.should_save and control.should_training_stop  # these weights are saved: safe to resume
+    assert callback.stopped["step"] == 7
+    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    assert record["status"] == "stopped" and record["stopped"]["saved"].startswith("checkpoint-7")
+    with caplog.at_level(logging.ERROR, logger="grpo_demo"), pytest.raises(SystemExit) as stop:
+        callback.exit_if_stopped()
+    assert stop.value.code == health.EXIT_NOT_FINITE == 3
+    assert "Stopped at step 7: the gradients are not finite" in caplog.text
+    assert "--resume_from_checkpoint latest" in caplog.text
+
+
+def test_with_the_check_off_non_finite_gradients_go_into_the_weights(tmp_path):
+    callback, control, before, after = nan_gradients_step(tmp_path, off=["not_finite"])
+    assert all(torch.isnan(a).all() for a in after)  # what the check prevents
+    assert not control.should_training_stop and callback.stopped is None
+    callback.exit_if_stopped()  # no exit
+
+
+def test_a_non_finite_loss_the_gradients_did_not_show_stops_without_saving(tmp_path):
+    """Where the gradients cannot be seen (DeepSpeed keeps its own) the update has gone in: the step's weights are
+    not saved, so the newest checkpoint stays the last good one."""
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(global_step=8), TrainerControl(should_save=True)
+    callback.on_train_begin(None, state, control)
+    callback.on_log(None, state, control, logs={**healthy(8), "loss": math.inf})
+    assert control.should_training_stop and not control.should_save
+    assert callback.stopped["step"] == 8 and callback.stopped["saved"].startswith("nothing")
+    with pytest.raises(SystemExit):
+        callback.exit_if_stopped()
+
+
+def test_finite_gradients_are_left_alone(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    model(torch.ones(3, 4)).sum().backward()
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    control = TrainerControl()
+    callback.on_pre_optimizer_step(None, TrainerState(), control, model=model)
+    assert all(p.grad is not None for p in model.parameters()) and callback.skipped_step is None
