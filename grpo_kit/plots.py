@@ -2,6 +2,7 @@
 
 - Rewards: the mean of each reward and of their total per optimizer step (thin: as logged; thick: moving average).
 - Completion length: mean tokens per completion; a model that learns to reason longer shows it here.
+- Training-health findings (`health.json`): a dashed red line at the step where a check fired, named.
 - Accuracy, where the run measured it: greedy accuracy on the test split during training (`eval_accuracy_*` in the
   log history, from `evaluation.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from grpo_kit import health
 from grpo_kit.folders import read_json
 from grpo_kit.reports import read_summary
 
@@ -74,6 +76,7 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
     steps = [e for e in history if "reward" in e and "step" in e]  # one entry per optimizer step
     measured = [e for e in history if any(_measured(e, key) is not None for key, *_ in ACCURACY_LINES)]
     before, after = (read_summary(output_dir, name) for name in ("baseline", "final"))
+    findings = (read_json(output_dir / health.FILE_NAME) or {}).get("findings") or []
     last_step = state.get("global_step") or max((e["step"] for e in history if "step" in e), default=0)
 
     import matplotlib
@@ -91,9 +94,11 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
     for name, ax in zip(panels, axes[0], strict=True):
         if name == "rewards":
             _plot_rewards(ax, steps)
+            _mark_findings(ax, findings)
         elif name == "length":
             _plot_smoothed(ax, steps, [(LENGTH_KEY, "mean", "tab:blue", 1.8)])
             ax.set(title="Completion length", xlabel="step", ylabel="tokens")
+            _mark_findings(ax, findings)
         else:
             _plot_accuracy(ax, measured, before, after, last_step)
         ax.grid(alpha=0.3)
@@ -115,6 +120,25 @@ def _plot_smoothed(ax, steps: list[dict], lines: list[tuple[str, str, str, float
     if not steps:
         ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
     return window
+
+
+def _mark_findings(ax, findings: list[dict]) -> None:
+    """A dashed red line at each step where a health check fired, its name beside it."""
+    for finding in findings:
+        step = finding.get("step")
+        if isinstance(step, (int, float)):
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1, alpha=0.8)
+            ax.annotate(
+                finding.get("check", "health"),
+                (step, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -3),
+                textcoords="offset points",
+                rotation=90,
+                va="top",
+                fontsize=7,
+                color="tab:red",
+            )
 
 
 def _plot_rewards(ax, steps: list[dict]) -> None:
