@@ -394,6 +394,12 @@ def measure(variant: Variant, folder: Path, start_model: Path, completions_per_s
         for name in ("baseline", "final")
         for summary in [read_json(output / "eval" / name / "summary.json")]
     }
+    health = read_json(output / "health.json")
+    result["health"] = health and {
+        "status": health["status"],
+        "findings": [f"step {f['step']}: {f['check']}" for f in health["findings"]],
+        **health["cost"],  # the watcher's time per step beside the step's
+    }
     movement = weight_movement(start_model, output, variant.adapters)
     if movement:
         expected = sum(result.get("learning_rates", []))  # AdamW moves a weight by about lr per step
@@ -415,6 +421,10 @@ def problems(variant: Variant, result: dict, steps: int) -> list[str]:
     for name, summary in result["evaluation"].items():
         if summary is None:
             found.append(f"no eval/{name}/summary.json")
+    if not result.get("health"):
+        found.append("no health.json (the training-health checks did not run)")
+    elif result["health"]["status"] == "stopped":
+        found.append(f"stopped on a non-finite loss or gradient: {result['health']['findings']}")
     movement = result["movement"]
     if movement is None:
         found.append("no trained weights saved in the output folder")
