@@ -127,3 +127,18 @@ def test_run_logged_by_a_tracker_under_slash_names(tmp_path):
 def test_moving_average():
     assert plots.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert plots.moving_average([2.0, 4.0], 1) == [2.0, 4.0]
+
+
+def test_health_findings_are_marked_at_their_steps(tmp_path):
+    write_state(tmp_path, steps=30)
+    findings = [{"check": "truncation", "step": 12}, {"check": "no_signal", "step": 20}]
+    (tmp_path / "health.json").write_text(json.dumps({"status": "findings", "findings": findings}))
+    fig = plots.curves_figure(tmp_path)
+    for ax in fig.axes[:2]:  # rewards, completion length
+        vertical = [line.get_xdata() for line in ax.lines if list(line.get_xdata()) in ([12, 12], [20, 20])]
+        assert len(vertical) == 2
+        assert {t.get_text() for t in ax.texts} >= {"truncation", "no_signal"}
+    write_state(tmp_path / "healthy", steps=30)
+    assert not any(
+        t.get_text() == "truncation" for ax in plots.curves_figure(tmp_path / "healthy").axes for t in ax.texts
+    )
