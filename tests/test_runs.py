@@ -23,7 +23,7 @@ from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import evaluation, smoke
+from grpo_kit import evaluation, folders, smoke
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -56,6 +56,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert base.keys() == trained.keys()
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
+    assert all(folders.written_by_a_run(path) for path in out.iterdir())  # a preset's next run may clear them all
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
