@@ -200,6 +200,7 @@ def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
         *vllm(v),
         *generation_precision(v),
         *evaluation_processes(v),
+        *evaluation_protocols(v),
         *health_checks(v),
     ]
 
@@ -502,6 +503,23 @@ def warnings(v: dict) -> list[str]:
             f"below half their spacing round away (most of them at lr {v['learning_rate']}); leave --dtype unset "
             "for fp32 weights with bf16 compute, or use DeepSpeed (which keeps fp32 master weights)"
         )
+    return out
+
+
+def evaluation_protocols(v: dict) -> list[str]:
+    from grpo_kit.protocols import PROTOCOLS
+
+    out = []
+    unknown = [name for name in v.get("eval_protocols") or [] if name not in PROTOCOLS]
+    if unknown:
+        out.append(f"eval_protocols: {', '.join(unknown)}: no such protocol (the protocols: {', '.join(PROTOCOLS)})")
+    if not 1 <= v["eval_shots"] <= 32:
+        out.append(f"eval_shots={v['eval_shots']}: the kshot protocol shows 1 to 32 worked examples (lm-eval: 5, 8)")
+    if v["eval_samples"] < 0:
+        out.append(f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k")
+    temperature = v.get("eval_temperature")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        out.append(f"eval_temperature={temperature}: sampling needs a positive temperature")
     return out
 
 

@@ -57,6 +57,21 @@ class RunArguments:
     eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
     eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
     eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together, per process"})
+    eval_protocols: list[str] = field(
+        default_factory=lambda: ["recipe"],
+        metadata={
+            "help": "How questions are put and answers read (grpo_kit/protocols.py): recipe (its format, zero-shot), "
+            "kshot (GSM8K's '#### N' style, eval_shots worked examples from train), chat (the question alone; "
+            "\\boxed{} or the last number). Baseline and final run in each; a training run always in recipe"
+        },
+    )
+    eval_shots: int = field(default=8, metadata={"help": "Worked examples the kshot protocol shows (drawn from train)"})
+    eval_samples: int = field(
+        default=0, metadata={"help": "Samples per question for pass@k and maj@k, beside greedy accuracy; 0: off"}
+    )
+    eval_temperature: float | None = field(
+        default=None, metadata={"help": "The temperature of eval_samples; default: the training temperature"}
+    )
     ask: str | None = field(
         default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
     )

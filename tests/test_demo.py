@@ -108,6 +108,12 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert rise >= 0.45, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
     assert after["accuracy_strict"] >= 0.55 and after["format_rate"] >= 0.95
     assert after["mean_completion_tokens"] > before["mean_completion_tokens"] + 10  # it learned to count
+    # The comparison says the rise is no chance: intervals apart, the paired test's verdict, the questions it moved.
+    assert before["interval_strict"][1] < after["interval_strict"][0]
+    paired = comparison["paired"]["strict"]
+    assert paired["verdict"] == "a rise larger than chance (p < 0.05)" and paired["gained"] > 10 * paired["lost"]
+    assert len(comparison["paired"]["flipped"]["gained"]) == paired["gained"]
+    assert "Paired, strict:" in result.stdout and "questions gained" in result.stdout
 
     state = json.loads((run / "trainer_state.json").read_text())
     steps = [e for e in state["log_history"] if "reward" in e]
