@@ -286,7 +286,7 @@ def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
     # One evaluation of each kind, of every test question, generated in two shares: the same completions as one
     # process generating them all from the saved weights.
     for name in ("baseline", "final"):  # the report's table header, printed once
-        assert len(re.findall(rf"GSM8K {name}: \S+, 32 questions", result.stdout)) == 1, name
+        assert len(re.findall(rf"GSM8K {name}: \S+, recipe protocol, 32 questions", result.stdout)) == 1, name
     final = json.loads((out / "eval" / "final" / "summary.json").read_text())
     assert (final["n"], final["processes"]) == (32, 2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
