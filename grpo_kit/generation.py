@@ -140,7 +140,9 @@ def generate_vllm(
         max_model_len=max_model_length,
         seed=0,
     )
-    params = SamplingParams(temperature=0, max_tokens=max_new_tokens)
+    # vLLM stops at the end of sequence of the tokenizer it reads from the folder, and at the generation config's;
+    # this tokenizer's is added, which models.stop_at_end_of_turn may have set to where the template ends a turn.
+    params = SamplingParams(temperature=0, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id])
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids(tokenizer, prompts)], params)
     return [
         Generation(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length")
