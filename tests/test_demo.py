@@ -11,7 +11,7 @@ from conftest import REWARD_NAMES, run_recipe
 from transformers import AutoTokenizer
 
 import grpo_demo
-from grpo_kit import demo
+from grpo_kit import demo, presets
 
 FMT = grpo_demo.ANSWER_FORMAT
 
@@ -57,9 +57,9 @@ def test_warm_start_targets_earn_every_reward():
 def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
-    d = demo.DEFAULTS
+    d = presets.defaults(demo, "qwen2")
     demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
-    model_dir = tmp_path / demo.MODEL_DIR
+    model_dir = tmp_path / d["model_name_or_path"]
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
     assert json.loads((model_dir / "warm_start.json").read_text())["warm_steps"] == 3
     test_rows = grpo_demo.get_gsm8k_questions("test", d["dataset"])
