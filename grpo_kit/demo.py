@@ -6,7 +6,7 @@ rewards, offline, in about two minutes on two CPU cores (about half of it the wa
 1. Problems: grade-school word problems, a two-digit number plus or minus a one-digit one, in GSM8K's format.
    The held-out test split (256 problems) shares no sum (numbers and operation) with the training split.
 2. A tiny model (Qwen2 by default, or Llama with Llama 3's chat conventions: `--tiny_model llama3`; hidden size
-   128, 2 layers, 0.35 M parameters) and a tokenizer built here, then a short
+   128, 2 layers, 0.35-0.36 M parameters) and a tokenizer built here, then a short
    supervised warm start (`warm_start`) on the training problems written in the recipe's answer format. Their
    solutions come in two styles, as people's do: most give the result at once (`48 + 8 = 56`), some count on one
    by one (`48 + 8, counting on: 49+7=50+6=...=56`). After the warm start the model has the format and answers at
