@@ -16,7 +16,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from grpo_kit import folders, presets
+from grpo_kit import folders, presets, smoke
 from grpo_kit.models import GPU_EXTRAS
 
 TAG_RE = re.compile(r"<([A-Za-z][A-Za-z0-9_-]*)>")
@@ -496,6 +496,11 @@ def evaluation_processes(v: dict) -> list[str]:
 def warnings(v: dict) -> list[str]:
     """Settings that work but are probably not what the user wants: one line each."""
     out = []
+    if v["tiny_model"] != smoke.TINY_MODELS[0] and presets.chosen(v) is None:
+        out.append(
+            f"tiny_model={v['tiny_model']} chooses the model of --smoke and --demo only: this run trains "
+            f"{v['model_name_or_path']}"
+        )
     full_bf16 = v["dtype"] in ("bfloat16", "float16") and not v["use_peft"] and zero_stage() is None
     if full_bf16 and not v["use_cpu"]:
         out.append(

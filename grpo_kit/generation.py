@@ -227,11 +227,14 @@ def generate_vllm(
     prefills once for all its samples."""
     from vllm import SamplingParams
 
+    # vLLM stops at the end of sequence of the tokenizer it reads from the folder, and at the generation config's;
+    # this tokenizer's is added, which models.stop_at_end_of_turn may have set to where the template ends a turn.
+    stops = {"max_tokens": max_new_tokens, "stop_token_ids": [tokenizer.eos_token_id]}
     requests = [{"prompt_token_ids": ids} for ids in prompt_ids(tokenizer, prompts)]
-    greedy = llm.generate(requests, SamplingParams(temperature=0, max_tokens=max_new_tokens))
+    greedy = llm.generate(requests, SamplingParams(temperature=0, **stops))
     sampled = None
     if samples > 0:
-        params = SamplingParams(n=samples, temperature=temperature, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
+        params = SamplingParams(n=samples, temperature=temperature, top_p=1.0, seed=seed, **stops)
         sampled = [[_vllm_generation(c) for c in o.outputs] for o in llm.generate(requests, params)]
     return [_vllm_generation(o.outputs[0]) for o in greedy], sampled
 

@@ -21,6 +21,7 @@ import yaml
 
 from grpo_kit import checks, hub, models, presets
 from grpo_kit.folders import read_json
+from grpo_kit.smoke import TINY_MODELS
 
 logger = logging.getLogger("grpo_demo")
 
@@ -42,6 +43,14 @@ class RunArguments:
     demo: bool = field(
         default=False,
         metadata={"help": "Offline CPU demo, ~2 min: GRPO raises a tiny warm-started model's accuracy (curves.png)"},
+    )
+    tiny_model: str = field(
+        default=TINY_MODELS[0],
+        metadata={
+            "help": "--smoke/--demo: the tiny model's architecture and chat conventions, qwen2 (Qwen2.5's ChatML) or "
+            "llama3 (a Llama model with Llama 3's chat template and special tokens)",
+            "choices": list(TINY_MODELS),
+        },
     )
     # GSM8K test accuracy: greedy, max_completion_length new tokens, scored strict (answer block) and lenient
     eval_only: bool = field(
@@ -231,7 +240,7 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
         "bf16": native_bf16 and not chosen.get("fp16"),
         "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
         "dtype": None,
-        **(preset.DEFAULTS if preset else {}),
+        **(presets.defaults(preset, chosen.get("tiny_model")) if preset else {}),
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")

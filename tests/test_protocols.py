@@ -293,7 +293,8 @@ def test_the_vllm_path_serves_every_protocol_and_samples(monkeypatch, tiny, rows
         == sample_requests
         == [{"prompt_token_ids": ids} for ids in generation.prompt_ids(tokenizer, prompts)]
     )
-    assert greedy_params == {"temperature": 0, "max_tokens": 64}
-    assert sample_params == {"n": 5, "temperature": 0.7, "top_p": 1.0, "max_tokens": 64, "seed": 3}  # one request each
+    stop = {"max_tokens": 64, "stop_token_ids": [tokenizer.eos_token_id]}  # the tokenizer's end of a turn
+    assert greedy_params == {"temperature": 0, **stop}
+    assert sample_params == {"n": 5, "temperature": 0.7, "top_p": 1.0, "seed": 3, **stop}  # one request each
     assert len(greedy) == 3 and [len(s) for s in sampled] == [5, 5, 5]
     assert greedy[0] == generation.Generation("#### 7", 2, False)

@@ -112,6 +112,44 @@ def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
 
 
 @pytest.mark.parametrize(
+    ("argv", "model", "output_dir", "run_name"),
+    [
+        (["--smoke"], "outputs/smoke-assets/tiny-qwen2", "outputs/smoke-GRPO", "smoke-GRPO-generated"),
+        (
+            ["--smoke", "--tiny_model", "llama3"],
+            "outputs/smoke-assets/tiny-llama3",
+            "outputs/smoke-llama3-GRPO",
+            "smoke-llama3-GRPO-generated",
+        ),
+        (["--demo"], "outputs/demo-assets/warm-qwen2", "outputs/demo-GRPO", "demo-GRPO-generated"),
+        (
+            ["--demo", "--tiny_model", "llama3"],
+            "outputs/demo-assets/warm-llama3",
+            "outputs/demo-llama3-GRPO",
+            "demo-llama3-GRPO-generated",
+        ),
+    ],
+)
+def test_a_presets_model_folders_and_names_follow_its_tiny_model(argv, model, output_dir, run_name):
+    chosen = resolved(argv)
+    assert (chosen.model_name_or_path, chosen.output_dir, chosen.run_name) == (model, output_dir, run_name)
+
+
+def test_the_tiny_model_is_checked_and_named_in_yaml_too(tmp_path, caplog):
+    assert "invalid choice: 'llama' (choose from 'qwen2', 'llama3')" in refused(["--smoke", "--tiny_model", "llama"])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("demo: true\ntiny_model: llama3\n")
+    assert resolved(["--config", str(recipe)]).model_name_or_path == "outputs/demo-assets/warm-llama3"
+    recipe.write_text("demo: true\ntiny_model: Llama-3\n")
+    assert "invalid choice: 'Llama-3'" in refused(["--config", str(recipe)])
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        resolved(["--tiny_model", "llama3"])
+    assert "tiny_model=llama3 chooses the model of --smoke and --demo only: this run trains Qwen/Qwen2.5-1.5B" in (
+        caplog.text
+    )
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("learning_rate: [1, 2\n", "not a readable YAML file"),
