@@ -349,17 +349,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
     test = get_gsm8k_questions("test", run.dataset, run.strict_data) if evaluation.measures(run) else None
-    shows_train = "kshot" in run.eval_protocols  # k-shot evaluation shows worked train solutions
-    if run.eval_only:
-        shots = get_gsm8k_questions("train", run.dataset, run.strict_data) if shows_train else None
-        return modes.evaluate_only(test, shots, run, training_args, model_args, ANSWER_FORMAT)
-    train = get_gsm8k_questions("train", run.dataset, run.strict_data)
+    train = get_gsm8k_questions("train", run.dataset, run.strict_data) if evaluation.reads_train(run) else None
+    if run.eval_only:  # k-shot evaluation shows worked solutions from the whole train split
+        return modes.evaluate_only(test, train, run, training_args, model_args, ANSWER_FORMAT)
     tokenizer = models.load_tokenizer(model_args, training_args)
-    train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
+    examples, train = train, drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)
-    preflight.check(train, run, model_args, training_args)  # enough data, LoRA targets, disk room: before the weights
+    preflight.check(train, run, model_args, training_args, examples)  # data, LoRA targets, disk: before the weights
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args)
     trainer = GRPOTrainer(
@@ -372,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
-    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT, train))  # before, during, after
+    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT, examples))  # before, during, after
     watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 

@@ -496,6 +496,8 @@ def evaluation_processes(v: dict) -> list[str]:
 def warnings(v: dict) -> list[str]:
     """Settings that work but are probably not what the user wants: one line each."""
     out = []
+    if v.get("eval_temperature") is not None and not v.get("eval_samples"):
+        out.append("eval_temperature is the temperature of eval_samples, which is 0: no samples are drawn")
     if v["tiny_model"] != smoke.TINY_MODELS[0] and presets.chosen(v) is None:
         out.append(
             f"tiny_model={v['tiny_model']} chooses the model of --smoke and --demo only: this run trains "

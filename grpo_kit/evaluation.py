@@ -13,6 +13,7 @@ a fixed subset every `eval_every_steps` steps, the trained model after the last 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from contextlib import nullcontext
 from functools import partial
@@ -95,6 +96,7 @@ def evaluate(
     backend = "vllm" if generations is not None else "hf"
     prompts = [protocol.prompt(row["question"]) for row in rows]
     if generations is None:
+        warn_if_past_positions(model, tokenizer, prompts, max_new_tokens)
         greedy = partial(generate_greedy, max_new_tokens=max_new_tokens, batch_size=batch_size)
         generations = generate_collectively(model, tokenizer, prompts, greedy, desc)
         if samples > 0:
@@ -136,9 +138,37 @@ def evaluate(
         "seconds": round(seconds, 2),
         "questions_per_second": round(len(records) / seconds, 2) if seconds else None,
     }
+    if prompts:  # what the model saw, a chat template's own default system message included
+        summary["first_prompt"] = tokenizer.apply_chat_template(prompts[0], tokenize=False, add_generation_prompt=True)
     if sampled is not None:
-        summary["sampling"] = summarize_samples(records, len(sampled[0]) if sampled else samples, temperature)
+        summary["sampling"] = {
+            **summarize_samples(records, len(sampled[0]) if sampled else samples, temperature),
+            "seed": seed,  # each process samples its share with seed + its index: results depend on both
+            "processes": PartialState().num_processes if backend == "hf" else 1,
+            "batch_size": batch_size,
+        }
     return summary, records
+
+
+def longest_prompt(tokenizer, prompts: list) -> int:
+    from grpo_kit.generation import prompt_ids
+
+    return max((len(ids) for ids in prompt_ids(tokenizer, prompts)), default=0)
+
+
+def warn_if_past_positions(model, tokenizer, prompts: list, max_new_tokens: int) -> None:
+    """Say so where a prompt and its completion run past the positions the model was trained on (k-shot prompts are
+    long): it generates there, but nobody knows what its answers are worth."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    longest = longest_prompt(tokenizer, prompts)
+    if limit and longest + max_new_tokens > limit:
+        logger.warning(
+            "The longest prompt (%d tokens) and %d new tokens run past the model's %d positions: lower --eval_shots "
+            "or --max_completion_length for numbers that mean something",
+            longest,
+            max_new_tokens,
+            limit,
+        )
 
 
 def questions_fingerprint(rows) -> str:
@@ -282,18 +312,32 @@ class AccuracyCallback(TrainerCallback):
 
 def protocols(run, answer_format, test_rows, train_rows, *, training: bool) -> list:
     """The protocols `run.eval_protocols` names (a training run's baseline and final always include the recipe's,
-    first), built: k-shot exemplars from `train_rows`, never one of `test_rows`' questions."""
+    first), built: k-shot examples from the whole train split `train_rows`, never a question of the whole test split
+    `test_rows`. Stops with a message where k-shot has too few examples to show."""
     names = list(dict.fromkeys((["recipe"] if training else []) + list(run.eval_protocols)))
     questions = {row["question"] for row in test_rows or []}
-    return [
-        build_protocol(
-            name, answer_format, train_rows=train_rows, test_questions=questions, shots=run.eval_shots, seed=SHOTS_SEED
-        )
-        for name in names
-    ]
+    try:
+        return [
+            build_protocol(
+                name,
+                answer_format,
+                train_rows=train_rows,
+                test_questions=questions,
+                shots=run.eval_shots,
+                seed=SHOTS_SEED,
+            )
+            for name in names
+        ]
+    except ValueError as err:
+        sys.exit(f"--eval_protocols kshot: {err}: lower --eval_shots, or give a train split with more (--dataset)")
 
 
-SHOTS_SEED = 1234  # the k-shot exemplars' draw, fixed whatever the training seed (lm-evaluation-harness's default)
+SHOTS_SEED = 1234  # the k-shot examples' draw, fixed whatever the training seed (the value lm-eval seeds its with)
+
+
+def reads_train(run) -> bool:
+    """Whether a run needs the train split: to train, or to show k-shot examples from it."""
+    return not run.eval_only or "kshot" in run.eval_protocols
 
 
 def sampling(run, training_args) -> dict:

@@ -7,6 +7,7 @@ or a penalty: both are overridden), so the transformers and vLLM paths score the
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 ASK_TEMPERATURE, ASK_TOP_P = 0.8, 0.95  # a sample, as a user would see it, not the greedy evaluation answer
@@ -49,6 +50,25 @@ def stop_ids(model, tokenizer) -> list[int]:
     return sorted({*configured, tokenizer.eos_token_id} - {None})
 
 
+@contextmanager
+def own_generation_config(model, stops: list[int], pad: int):
+    """The model's generation config replaced, for the duration, by one that holds only its end and pad tokens:
+    a model's own defaults (min_p, typical_p, no_repeat_ngram_size, a repetition penalty...) would otherwise fill
+    every value a call leaves unset (`generate` takes them from `model.generation_config`), and the completions
+    would not be the greedy or full-softmax ones they are reported as."""
+    from transformers import GenerationConfig
+
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT generates with the base's
+    kept = target.generation_config
+    target.generation_config = GenerationConfig(
+        eos_token_id=stops, pad_token_id=pad, bos_token_id=getattr(kept, "bos_token_id", None)
+    )
+    try:
+        yield
+    finally:
+        target.generation_config = kept
+
+
 def generate_greedy(
     model,
     tokenizer,
@@ -75,7 +95,8 @@ def generate_greedy(
     model.eval()
     try:
         bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
-        with torch.no_grad(), bar:  # not inference_mode: a buffer made here may meet autograd when training resumes
+        # not inference_mode: a buffer made here may meet autograd when training resumes
+        with torch.no_grad(), bar, own_generation_config(model, stops, pad):
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
                 input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad)
@@ -131,7 +152,7 @@ def generate_samples(
     devices = [model.device] if model.device.type == "cuda" else []
     try:
         bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
-        with torch.no_grad(), bar, torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), bar, torch.random.fork_rng(devices=devices), own_generation_config(model, stops, pad):
             torch.manual_seed(seed)
             for start in range(0, len(order), per_batch):
                 batch = order[start : start + per_batch]
@@ -144,6 +165,7 @@ def generate_samples(
                     position_ids=(attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),  # as `generate` counts them
                     cache=cache,
                     use_cache=True,
+                    logits_to_keep=1,  # the cache is what is wanted: logits for every prompt token would be GBs
                 )
                 cache.batch_repeat_interleave(samples)
                 output = model.generate(

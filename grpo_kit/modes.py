@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from itertools import islice
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     rows = list(islice(test_rows, run.eval_limit))
     tokenizer = models.load_tokenizer(model_args, training_args)
     sampling = evaluation.sampling(run, training_args)
+    protocols = evaluation.protocols(run, answer_format, test_rows, train_rows, training=False)  # before the weights
     if training_args.use_vllm:
+        fits(tokenizer, protocols, rows, training_args)
         engine = generation.vllm_engine(
             path,
             dtype=models.inference_dtype(model_args, training_args),
@@ -47,12 +50,14 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     else:
         model = models.load_for_inference(model_args, training_args)
     summaries = []
-    for protocol in evaluation.protocols(run, answer_format, rows, train_rows, training=False):
+    for protocol in protocols:
         terms = {
             "model": path,
             "questions_sha256": evaluation.questions_fingerprint(rows),
             "max_new_tokens": training_args.max_completion_length,
             "protocol": protocol.name,
+            "protocol_details": protocol.details or None,
+            "sampling": sampling or None,
         }
         name = reports.free_name(
             output_dir, reports.eval_name("final" if trained else "baseline", protocol.name), terms
@@ -62,6 +67,7 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
             batch_size=run.eval_batch_size,
             model_name=path,
             protocol=protocol,
+            **sampling,
         )
         if training_args.use_vllm:
             prompts = [protocol.prompt(row["question"]) for row in rows]
@@ -69,18 +75,11 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
                 engine, tokenizer, prompts, training_args.max_completion_length, **sampling
             )
             summary, records = evaluation.evaluate(
-                None,
-                tokenizer,
-                rows,
-                answer_format,
-                generations=generations,
-                sampled=sampled,
-                temperature=sampling.get("temperature", 1.0),
-                **settings,
+                None, tokenizer, rows, answer_format, generations=generations, sampled=sampled, **settings
             )
         else:
             summary, records = evaluation.evaluate(
-                model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings, **sampling
+                model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings
             )
         if trained:
             summary["start_model"] = reports.start_model_of(path)
@@ -89,3 +88,19 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
             reports.compare(output_dir, protocol.name)
         summaries.append(summary)
     return summaries
+
+
+def fits(tokenizer, protocols, rows, training_args) -> None:
+    """Stop before vLLM starts where a prompt and its completion would not fit `--vllm_max_model_length` (k-shot
+    prompts are long): vLLM would refuse it midway."""
+    limit = training_args.vllm_max_model_length
+    if not limit:
+        return
+    for protocol in protocols:
+        longest = evaluation.longest_prompt(tokenizer, [protocol.prompt(row["question"]) for row in rows])
+        if longest + training_args.max_completion_length > limit:
+            sys.exit(
+                f"The {protocol.name} protocol's longest prompt ({longest} tokens) and --max_completion_length "
+                f"{training_args.max_completion_length} exceed --vllm_max_model_length {limit}: raise it, or lower "
+                "--eval_shots or --max_completion_length"
+            )

@@ -12,11 +12,25 @@ from grpo_kit.record import data_fingerprint, read_run_record
 logger = logging.getLogger("grpo_demo")
 
 
-def check(train, run, model_args, training_args) -> None:
-    """Stop with a message, before the weights load, where the run could not train what it says it trains."""
+def check(train, run, model_args, training_args, examples=None) -> None:
+    """Stop with a message, before the weights load, where the run could not train what it says it trains (or
+    measure what it says it measures: k-shot's examples from the whole train split `examples`)."""
     enough_data(train, training_args)
+    enough_examples(examples, run)
     same_data(train, run, training_args)
     model_and_disk(model_args, training_args)
+
+
+def enough_examples(examples, run) -> None:
+    """k-shot evaluation shows eval_shots worked train solutions; the train split must hold them."""
+    if "kshot" not in run.eval_protocols or examples is None:
+        return
+    have = sum(1 for solution in examples["solution"] if solution)
+    if have < run.eval_shots:
+        sys.exit(
+            f"--eval_protocols kshot shows {run.eval_shots} worked train solutions, and the train split has {have}: "
+            "lower --eval_shots"
+        )
 
 
 def enough_data(train, training_args) -> None:

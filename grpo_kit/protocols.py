@@ -4,11 +4,16 @@
   the correctness reward pays for); lenient: the last number anywhere. The number that says whether GRPO taught
   the format and the answers; a start model that has not learned the format yet scores low on it.
 - `kshot`: GSM8K's own answer style. `shots` worked solutions from the train split (drawn with a fixed seed, never
-  from the test split, the same for every question) as earlier chat turns, then the question. Strict: the number
-  after `####`; flexible: the last number (lm-evaluation-harness's `strict-match` / `flexible-extract`). Measures
+  a test question, the same for every question and run) as earlier chat turns, then the question. Strict: the
+  number after `####`; flexible: the last number, the extractions of lm-evaluation-harness's gsm8k task
+  (`strict-match` / `flexible-extract`). Its prompt is not that task's (one `Question: ... Answer:` text, examples
+  drawn per question): numbers compare between runs of this recipe, not with lm-eval's published ones. Measures
   the model's arithmetic without a format it has not learned.
 - `chat`: the question alone, as a user asks it, the way instruct models are usually reported. Strict: the last
-  `\\boxed{}`; lenient: that, or else the last number.
+  `\\boxed{}`; lenient: that where it holds a number, else the last number.
+
+kshot and chat send no system message: a chat template with a default one (Qwen2.5's "You are Qwen, created by
+Alibaba Cloud...") adds it, as it does for any user; each summary keeps the first prompt as the model saw it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from grpo_kit.numbers import last_number
+from grpo_kit.numbers import answer_number, last_number
 
 PROTOCOLS = ("recipe", "kshot", "chat")
-HASH_ANSWER_RE = re.compile(r"####\s*(-?[$\d][\d,]*(?:\.\d+)?)")
+HASH_ANSWER_RE = re.compile(r"####[ \t]*([^\n]*)")
 BOXED = "\\boxed{"
 
 
@@ -37,9 +42,16 @@ class Protocol:
 
 
 def hash_answer(completion: str) -> str | None:
-    """The number after the first `####` (lm-evaluation-harness's strict-match), None without one."""
+    """The rest of the line after the first `####` (`18`, `$1,080.00`, `**18**`), None without one; it is right
+    when it commits to the gold number (`grpo_kit.numbers.answer_number`)."""
     match = HASH_ANSWER_RE.search(completion)
-    return match[1] if match else None
+    return match[1].strip() or None if match else None
+
+
+def boxed_or_last_number(completion: str) -> str | None:
+    """The last `\\boxed{}` where it holds a number, else the last number anywhere."""
+    box = boxed(completion)
+    return box if box is not None and answer_number(box) is not None else last_number(completion)
 
 
 def boxed(completion: str) -> str | None:
@@ -79,7 +91,7 @@ def build(name: str, answer_format, *, train_rows=None, test_questions=(), shots
             "recipe", answer_format.chat_prompt, lambda c: answer_format.extract_answer(c) or None, last_number, True
         )
     if name == "chat":
-        return Protocol("chat", _question_alone, boxed, lambda c: boxed(c) or last_number(c), False)
+        return Protocol("chat", _question_alone, boxed, boxed_or_last_number, False)
     if name == "kshot":
         shown = exemplars(train_rows or [], shots, seed, exclude=set(test_questions))
         turns = [turn for row in shown for turn in (*_question_alone(row["question"]), _said(row["solution"]))]

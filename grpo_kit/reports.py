@@ -33,8 +33,15 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
-# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's).
-TERMS = ("model", "questions_sha256", "max_new_tokens", "protocol")
+# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's);
+# `sampling` holds the samples' terms: samples, temperature, seed.
+TERMS = ("model", "questions_sha256", "max_new_tokens", "protocol", "protocol_details", "sampling")
+SAMPLING_TERMS = ("samples", "temperature", "seed")
+# The accuracy rows' labels where a protocol reads answers otherwise than the recipe's.
+ACCURACY_LABELS = {
+    "kshot": {"accuracy_strict": "accuracy, strict (#### N)", "accuracy_lenient": "accuracy, flexible (last number)"},
+    "chat": {"accuracy_strict": "accuracy, strict (\\boxed{})", "accuracy_lenient": "accuracy, boxed else last number"},
+}
 
 
 def eval_name(base: str, protocol: str = "recipe") -> str:
@@ -48,14 +55,25 @@ def comparison_file(protocol: str = "recipe") -> str:
 
 
 def _term(summary: dict, key: str):
-    return summary.get(key, "recipe") if key == "protocol" else summary.get(key)
+    if key == "protocol":
+        return summary.get(key, "recipe")
+    if key == "sampling":
+        return sampling_terms(summary.get("sampling"))
+    return summary.get(key)
+
+
+def sampling_terms(sampling: dict | None) -> dict | None:
+    """What makes two sets of samples alike (a summary's `sampling`, or the settings of one), None for none."""
+    return {key: sampling.get(key) for key in SAMPLING_TERMS} if sampling else None
 
 
 def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
     """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (model, questions,
     length): a new measurement never replaces a different one."""
     candidate, number = name, 1
-    while (old := read_summary(output_dir, candidate)) is not None and any(_term(old, k) != terms[k] for k in TERMS):
+    while (old := read_summary(output_dir, candidate)) is not None and any(
+        _term(old, k) != (sampling_terms(terms[k]) if k == "sampling" else terms[k]) for k in TERMS
+    ):
         number += 1
         candidate = f"{name}-{number}"
     if candidate != name:
@@ -74,8 +92,11 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
     """Why a baseline and a final evaluation cannot be set side by side, None when they can."""
     if new.get("start_model") is not None and old.get("model") != new["start_model"]:
         return f"the baseline measured {old.get('model')}, and the trained model started from {new['start_model']}"
-    if (_term(old, "protocol"), old.get("protocol_details")) != (_term(new, "protocol"), new.get("protocol_details")):
+    if _term(old, "protocol") != _term(new, "protocol"):
         return f"they were measured in different protocols: {_term(old, 'protocol')} vs {_term(new, 'protocol')}"
+    if old.get("protocol_details") != new.get("protocol_details"):
+        details = old.get("protocol_details"), new.get("protocol_details")
+        return f"their {_term(old, 'protocol')} prompts differ: {details[0]} vs {details[1]}"
     for key, label in (("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
         if old.get(key) != new.get(key):
             shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (old.get(key), new.get(key))
@@ -98,7 +119,11 @@ def _cell(value, percent: bool, change: bool = False, interval=None) -> str:
 def _rows(summary: dict) -> list[tuple[str, str, object, bool, list | None]]:
     """(key, label, value, as a percentage, interval) of each table row a summary has: the greedy rates and counts,
     then pass@k and maj@k where samples were drawn."""
-    rows = [(key, label, summary.get(key), pct, summary.get(INTERVALS.get(key, ""))) for key, label, pct in TABLE_ROWS]
+    labels = ACCURACY_LABELS.get(_term(summary, "protocol"), {})
+    rows = [
+        (key, labels.get(key, label), summary.get(key), pct, summary.get(INTERVALS.get(key, "")))
+        for key, label, pct in TABLE_ROWS
+    ]
     sampling = summary.get("sampling") or {}
     for verdict in ("strict", "lenient"):
         for metric, value in (sampling.get(verdict) or {}).items():
@@ -187,6 +212,16 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
         path.unlink(missing_ok=True)  # an older one would no longer be true
         return None
     old_rows = {key: (label, value, pct, iv) for key, label, value, pct, iv in _rows(old)}
+    if _term(old, "sampling") != _term(new, "sampling"):  # pass@k of other samples is another quantity
+        if _term(old, "sampling") and _term(new, "sampling"):
+            logger.warning(
+                "%s and %s drew other samples (%s vs %s): their pass@k and maj@k are not compared",
+                before,
+                after,
+                _term(old, "sampling"),
+                _term(new, "sampling"),
+            )
+        old_rows = {key: row for key, row in old_rows.items() if "@" not in key}
     new_rows = {key: (value, iv) for key, _, value, _, iv in _rows(new)}
     changes = {key: new_rows[key][0] - row[1] for key, row in old_rows.items() if key in new_rows}
     paired = paired_changes(old_records, new_records)

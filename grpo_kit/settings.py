@@ -65,7 +65,13 @@ class RunArguments:
     )
     eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
     eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
-    eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together, per process"})
+    eval_batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "Questions generated together, per process; with eval_samples, completions (batch_size // "
+            "eval_samples questions, at least one)"
+        },
+    )
     eval_protocols: list[str] = field(
         default_factory=lambda: ["recipe"],
         metadata={

@@ -2,7 +2,9 @@
 
 - `wilson`: the Wilson score interval of a proportion (Newcombe 1998, method 3); unlike the normal approximation it
   stays inside [0, 1] and is honest at 0 % or 100 % and at small n.
-- `mean_interval`: a normal-approximation interval of a mean of per-question values in [0, 1] (pass@k).
+- `mean_interval`: the Wilson interval of a mean of per-question values in [0, 1] (pass@k), its share taken as the
+  proportion over the questions: conservative, since such values vary no more than 0/1 verdicts of that mean do,
+  and unlike a normal interval it does not shrink to a point at 0 % or 100 %.
 - `pass_at_k`: the unbiased estimator of Chen et al. (2021): 1 - C(n - c, k) / C(n, k) from n samples, c correct.
 - `majority`: the answer most samples commit to; a tie goes to the tied answer seen first (sample order).
 - `mcnemar_exact`: the exact (binomial) McNemar test on paired verdicts: of the questions that changed, are the
@@ -22,23 +24,15 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of successes / n; (0.0, 1.0) when n is 0."""
     if n == 0:
         return 0.0, 1.0
-    p = successes / n
+    p = min(1.0, max(0.0, successes / n))  # a mean of floats may stray past 1 by a rounding error
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return round(max(0.0, centre - half), 12), round(min(1.0, centre + half), 12)  # no 7e-18 for a bound of 0
 
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
-    """A normal-approximation interval of the mean of `values` (each in [0, 1]), clipped to [0, 1]."""
-    n = len(values)
-    if n == 0:
-        return 0.0, 1.0
-    mean = sum(values) / n
-    if n == 1:
-        return 0.0, 1.0
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = z * sd / math.sqrt(n)
-    return max(0.0, mean - half), min(1.0, mean + half)
+    """The Wilson interval of the mean of `values` (each in [0, 1]) over len(values) questions."""
+    return wilson(sum(values), len(values), z)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -317,15 +317,23 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
         patch.chdir(folder)
         before = json.loads((evaluations / "final" / "summary.json").read_text())
         # A trained run's folder: its final evaluation, measured again on the same terms, beside the model.
-        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run])
+        same = ["--eval_samples", "4", "--eval_protocols", "recipe", "kshot", "--eval_shots", "3"]  # as it trained
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, *same])
         again = json.loads((evaluations / "final" / "summary.json").read_text())
         assert (again["n"], again["model"], again["start_model"]) == (32, run, "outputs/smoke-assets/tiny-qwen2")
         assert again["accuracy_strict"] == before["accuracy_strict"]
         assert json.loads((evaluations / "comparison.json").read_text())["final"] == again
-        # On other terms (5 questions) it is written beside the first, which stays, and compared with nothing.
+        # The k-shot examples are the training run's (the whole train split, never a test question).
+        kshot = json.loads((evaluations / "comparison-kshot.json").read_text())
+        assert kshot["final-kshot"]["protocol_details"] == kshot["baseline-kshot"]["protocol_details"]
+        # On other terms (5 questions; no samples; other examples) each is written beside the first, which stays.
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_limit", "5"])
         assert json.loads((evaluations / "final-2" / "summary.json").read_text())["n"] == 5
         assert json.loads((evaluations / "final" / "summary.json").read_text())["n"] == 32
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_protocols", "kshot"])
+        assert "sampling" not in json.loads((evaluations / "final-kshot-2" / "summary.json").read_text())
+        assert "sampling" in json.loads((evaluations / "final-kshot" / "summary.json").read_text())
+        assert (evaluations / "comparison-kshot.json").is_file()
 
         capsys.readouterr()
         question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"

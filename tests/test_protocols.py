@@ -87,7 +87,10 @@ def test_kshot_with_too_few_train_solutions_says_so(rows):
         ("kshot", "#### 1,080\nQuestion: 7", "1080", True, False),  # strict after ####; flexible: the last number
         ("kshot", "5 + 3 = 8", "8", False, True),  # no ####: flexible only
         ("chat", "So the answer is $\\boxed{18}$.", "18", True, True),
-        ("chat", "\\boxed{\\frac{36}{2}} is 18 then 7", "7", False, False),  # the boxed answer wins over later numbers
+        ("chat", "\\boxed{18} is it, then 7", "7", False, False),  # a boxed number wins over later numbers
+        ("chat", "\\boxed{A}: so 7", "7", False, True),  # a box without a number: the last number
+        ("kshot", "#### $-5", "-5", True, True),
+        ("kshot", "#### **18**\nso 18", "18", True, True),
         ("chat", "She pays 18 dollars.", "18", False, True),  # no box: the last number
         ("chat", "\\boxed{12", "12", False, True),  # an unclosed box is none
         ("recipe", "<reasoning>\n3 + 4\n</reasoning>\n<answer>\n7\n</answer>", "7", True, True),
@@ -298,3 +301,120 @@ def test_the_vllm_path_serves_every_protocol_and_samples(monkeypatch, tiny, rows
     assert sample_params == {"n": 5, "temperature": 0.7, "top_p": 1.0, "seed": 3, **stop}  # one request each
     assert len(greedy) == 3 and [len(s) for s in sampled] == [5, 5, 5]
     assert greedy[0] == generation.Generation("#### 7", 2, False)
+
+
+def test_the_prefill_keeps_one_position_of_logits_and_the_models_own_sampling_defaults_stay_out(lively, rows):
+    tokenizer, model = lively
+    prompts = [r["prompt"] for r in rows[1][:4]]
+    widths = []
+
+    def logits_width(module, args, kwargs, output):
+        if kwargs["input_ids"].shape[1] > 1:  # the prefill
+            widths.append(output.logits.shape[1])
+
+    hook = model.register_forward_hook(logits_width, with_kwargs=True)
+    try:
+        plain = generation.generate_samples(model, tokenizer, prompts, 4, 1.0, 10, batch_size=8, seed=3)
+    finally:
+        hook.remove()
+    assert widths == [1, 1]  # not a vocabulary-wide row for every prompt token (GBs for a 150k vocabulary)
+    model.generation_config.min_p = 0.9  # a model's own default: would prune the distribution reported as full
+    model.generation_config.repetition_penalty = 1.5
+    try:
+        again = generation.generate_samples(model, tokenizer, prompts, 4, 1.0, 10, batch_size=8, seed=3)
+        greedy = generation.generate_greedy(model, tokenizer, prompts, 10, batch_size=8)
+        assert model.generation_config.min_p == 0.9  # handed back as it was
+    finally:
+        model.generation_config.min_p, model.generation_config.repetition_penalty = None, None
+    assert [[g.text for g in s] for s in again] == [[g.text for g in s] for s in plain]
+    assert greedy == generation.generate_greedy(model, tokenizer, prompts, 10, batch_size=8)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a user gets wrong, and what the reports refuse to mix
+
+
+def test_pass_at_k_intervals_do_not_shrink_to_a_point():
+    assert stats.mean_interval([1.0] * 50)[0] < 0.95  # a normal interval would say [100, 100]
+    assert stats.mean_interval([0.0] * 49 + [1.0]) == pytest.approx(stats.wilson(1, 50))
+    assert stats.wilson(0, 20)[0] == 0.0  # exactly, not 7e-18
+
+
+def test_too_few_train_solutions_for_kshot_stop_before_the_weights_load(rows):
+    from grpo_kit import preflight
+
+    run = types.SimpleNamespace(eval_protocols=["recipe", "kshot"], eval_shots=8)
+    with pytest.raises(SystemExit, match="shows 8 worked train solutions, and the train split has 3: lower"):
+        preflight.enough_examples({"solution": [r["solution"] for r in rows[0][:3]]}, run)
+    preflight.enough_examples({"solution": [r["solution"] for r in rows[0]]}, run)  # enough: no stop
+
+
+def test_kshot_prompts_that_do_not_fit_vllms_length_stop_before_it_starts(tiny, rows):
+    from grpo_kit import modes
+
+    tokenizer, _ = tiny
+    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=4)
+    args = types.SimpleNamespace(vllm_max_model_length=200, max_completion_length=48)
+    with pytest.raises(SystemExit, match=r"The kshot protocol's longest prompt \(\d+ tokens\) and --max_completion"):
+        modes.fits(tokenizer, [kshot], rows[1], args)
+    modes.fits(tokenizer, [protocols.build("chat", FMT)], rows[1], args)  # a question alone fits
+
+
+def test_a_temperature_without_samples_is_said_to_do_nothing():
+    from grpo_kit import checks
+
+    assert any("no samples are drawn" in w for w in checks.warnings(SETTINGS | {"eval_temperature": 0.5}))
+    assert not any("no samples" in w for w in checks.warnings(SETTINGS | {"eval_temperature": 0.5, "eval_samples": 4}))
+
+
+SETTINGS = {
+    "dtype": None,
+    "use_peft": False,
+    "use_cpu": True,
+    "learning_rate": 5e-6,
+    "eval_samples": 0,
+    "tiny_model": "qwen2",
+}
+
+
+def test_the_table_names_each_protocols_reading_and_the_summary_keeps_the_first_prompt(tiny, rows, tmp_path, capsys):
+    from grpo_kit import reports
+
+    tokenizer, model = tiny
+    chat = protocols.build("chat", FMT)
+    summary, records = evaluation.evaluate(
+        model, tokenizer, rows[1][:3], FMT, max_new_tokens=4, batch_size=4, model_name="tiny", protocol=chat
+    )
+    assert summary["first_prompt"] == tokenizer.apply_chat_template(
+        [{"role": "user", "content": rows[1][0]["question"]}], tokenize=False, add_generation_prompt=True
+    )
+    reports.write_report(tmp_path, "baseline-chat", summary, records)
+    table = capsys.readouterr().out
+    assert "| accuracy, strict (\\boxed{}) |" in table and "| accuracy, boxed else last number |" in table
+    assert "strict format" not in table  # not a question this protocol asks
+
+
+def test_comparisons_set_side_by_side_only_what_was_measured_alike(tmp_path, caplog):
+    from grpo_kit import reports
+
+    records = [{"question": "q", "gold": "1", "completion": "1", "correct_strict": True, "correct_lenient": True}]
+
+    def summary(**extra):
+        base = {"n": 1, "accuracy_strict": 1.0, "accuracy_lenient": 1.0, "mean_completion_tokens": 1.0}
+        return {**base, "truncated": 0, "model": "m", "seconds": 1, "max_new_tokens": 8, "protocol": "kshot", **extra}
+
+    def sampled(temperature):
+        metric = {"value": 1.0, "interval": [0.2, 1.0]}
+        return {"samples": 2, "temperature": temperature, "seed": 42, "strict": {"pass@1": metric}}
+
+    details = {"shots": 8, "seed": 1234, "exemplars_sha256": "a"}
+    reports.write_report(tmp_path, "baseline-kshot", summary(protocol_details=details, sampling=sampled(0.9)), records)
+    reports.write_report(tmp_path, "final-kshot", summary(protocol_details=details, sampling=sampled(0.3)), records)
+    comparison = reports.compare(tmp_path, "kshot")
+    assert "strict/pass@1" not in comparison["change"] and "accuracy_strict" in comparison["change"]
+    assert "drew other samples" in caplog.text
+    other = {**details, "exemplars_sha256": "b"}
+    reports.write_report(tmp_path, "final-kshot", summary(protocol_details=other), records)
+    assert reports.compare(tmp_path, "kshot") is None
+    assert "their kshot prompts differ" in caplog.text
+    assert not (tmp_path / "eval" / "comparison-kshot.json").exists()
