@@ -261,6 +261,7 @@ def recipe_command(variant: Variant, folder: Path, assets_dir: Path, shape: dict
         "final_eval": "true",
         "eval_every_steps": 0,
         "eval_limit": shape["eval_limit"],
+        "eval_samples": 2,  # pass@k from one prefill per prompt: the KV cache repeated, sampled on the GPU
         "warmup_steps": 0,
         "num_generations": shape["num_generations"],
         "per_device_train_batch_size": shape["per_device_train_batch_size"],
@@ -390,7 +391,7 @@ def measure(variant: Variant, folder: Path, start_model: Path, completions_per_s
     result["flash_attention"] = model.get("attention") == "flash_attention_2" if model else None
     result["peak_gpu_memory_gib"] = record.get("peak_gpu_memory_gib")  # torch's count; CUDA only
     result["evaluation"] = {
-        name: {"n": summary["n"], "seconds": summary["seconds"]} if summary else None
+        name: {"n": summary["n"], "seconds": summary["seconds"], "sampled": "sampling" in summary} if summary else None
         for name in ("baseline", "final")
         for summary in [read_json(output / "eval" / name / "summary.json")]
     }
@@ -421,6 +422,8 @@ def problems(variant: Variant, result: dict, steps: int) -> list[str]:
     for name, summary in result["evaluation"].items():
         if summary is None:
             found.append(f"no eval/{name}/summary.json")
+        elif not summary["sampled"]:
+            found.append(f"eval/{name} has no pass@k (--eval_samples 2 was asked)")
     if not result.get("health"):
         found.append("no health.json (the training-health checks did not run)")
     elif result["health"]["status"] == "stopped":

@@ -39,6 +39,7 @@ def test_dry_run_trains_evaluates_and_measures_full_and_lora(tmp_path):
         assert v["peak_gpu_memory_gib"] is None  # torch counts GPU memory only on CUDA
         for evaluation in ("baseline", "final"):
             assert v["evaluation"][evaluation]["n"] == 4 and v["evaluation"][evaluation]["seconds"] >= 0
+            assert v["evaluation"][evaluation]["sampled"]  # pass@k from one prefill, as on the GPU
         assert "grpo_demo.py" in v["command"] and "--use_cpu true" in v["command"]
         assert not list((tmp_path / "outputs" / "gpu_check" / name / "output").glob("*.safetensors"))  # cleaned up
     full, lora = variants["full"], variants["lora"]
