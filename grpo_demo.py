@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
     from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
+    from grpo_kit.stopping import exit_if_stopped, on_signals
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
@@ -373,14 +374,16 @@ def main(argv: list[str] | None = None) -> None:
     watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
-    # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_state()
-    if trainer.accelerator.is_main_process:
-        plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
-    watcher.exit_if_stopped()  # non-finite gradients: a checkpoint to resume from, exit code 3
-    trainer.save_model(training_args.output_dir)
-    tracking.finish(trainer)
+    # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1
+    # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
+    with on_signals(trainer) as signals:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_state()
+        if trainer.accelerator.is_main_process:
+            plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
+        exit_if_stopped(watcher, signals)  # a checkpoint to resume from; exit 3 (not finite), 75, 130 (Ctrl-C)
+        trainer.save_model(training_args.output_dir)
+        tracking.finish(trainer)
     logger.info("Model saved to %s", training_args.output_dir)
 
 

@@ -36,10 +36,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
+
 logger = logging.getLogger("grpo_demo")
 
 FILE_NAME = "health.json"
-EXIT_NOT_FINITE = 3  # a run stopped on a non-finite loss or gradient: neither success (0) nor a crash (1)
 
 # Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1).
 TRUNCATED_SHARE = 0.5  # half the completions cut: they have no answer block, so they cannot earn correctness
@@ -270,16 +271,20 @@ def loss_explanation(settings: dict, loss: float) -> str:
     return " ".join(lines)
 
 
-class HealthCallback(TrainerCallback):
+class HealthCallback(EarlyStop):
     """The watcher on a trainer: marks each log with `health/<check>`, says findings as they come, writes
-    `health.json`, and stops the run on non-finite gradients (see the module docstring)."""
+    `health.json`, and stops the run on non-finite gradients (see the module docstring; the stop is the one every
+    early stop takes, grpo_kit/stopping.py)."""
+
+    exit_code = EXIT_NOT_FINITE
+    then = "Change the setting named above, then --resume_from_checkpoint latest"
+    level = logging.ERROR
 
     def __init__(self, trainer, watcher: Watcher):
-        self.trainer, self.watcher = trainer, watcher
-        self.main = trainer.accelerator.is_main_process
+        super().__init__(trainer)
+        self.watcher = watcher
         self.path = Path(trainer.args.output_dir) / FILE_NAME
         self.skipped_step: int | None = None  # the step whose update was skipped: its gradients were not finite
-        self.stopped: dict | None = None
         self.explained = False
         self.seconds, self.observed, self.started = 0.0, 0, time.perf_counter()
 
@@ -314,14 +319,14 @@ class HealthCallback(TrainerCallback):
         return bool(flag.item())
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.skipped_step == state.global_step:
-            control.should_save = True  # the weights before this step's update: safe to resume from
-            control.should_training_stop = True
-            self.stopped = {
-                "step": state.global_step,
-                "reason": "the gradients are not finite",
-                "saved": f"checkpoint-{state.global_step}, holding the weights before this step's update",
-            }
+        if self.skipped_step == state.global_step:  # the weights before this step's update: safe to resume from
+            self.stop_here(
+                state,
+                control,
+                reason="the gradients are not finite",
+                save=True,
+                saved=f"checkpoint-{state.global_step}, holding the weights before this step's update",
+            )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         started = time.perf_counter()
@@ -346,14 +351,13 @@ class HealthCallback(TrainerCallback):
                     finding["change"],
                 )
         if self.stopped is None and self.watcher.stops(entry):  # the update already went in: nothing to save
-            control.should_save = False
-            control.should_training_stop = True
-            self.stopped = {
-                "step": state.global_step,
-                "reason": "the logged loss or gradient norm is not finite",
-                "saved": "nothing: the weights after this step are not finite; the newest checkpoint is the last "
-                "good one",
-            }
+            self.stop_here(
+                state,
+                control,
+                reason="the logged loss or gradient norm is not finite",
+                save=False,
+                saved="nothing: the weights after this step are not finite; the newest checkpoint is the last good one",
+            )
         if new or self.stopped:
             self.write(state)
         self.seconds += time.perf_counter() - started
@@ -391,20 +395,6 @@ class HealthCallback(TrainerCallback):
             stop = self.stopped
             lines.append(f"  stopped at step {stop['step']}: {stop['reason']}; saved {stop['saved']}")
         return "\n".join(lines)
-
-    def exit_if_stopped(self) -> None:
-        """End the process with `EXIT_NOT_FINITE` where the run was stopped, saying how to go on."""
-        if not self.stopped:
-            return
-        if self.main:
-            logger.error(
-                "Stopped at step %d: %s. Saved: %s. Change the setting named above, then "
-                "--resume_from_checkpoint latest",
-                self.stopped["step"],
-                self.stopped["reason"],
-                self.stopped["saved"],
-            )
-        raise SystemExit(EXIT_NOT_FINITE)
 
 
 class _EndOfRunLine(TrainerCallback):
