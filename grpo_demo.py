@@ -6,6 +6,7 @@
     python grpo_demo.py --demo                            # offline, ~2 min on CPU: watch GRPO raise accuracy
     python grpo_demo.py --dataset ../gsm8k --max_steps 50 # a local GSM8K copy, a short run
     python grpo_demo.py --config my_recipe.yaml           # any GRPOConfig / ModelConfig field, as YAML
+    sbatch slurm/grpo.sbatch                              # Slurm: one node serves vLLM, the others train
 
 Every setting below is a default: any GRPOConfig or ModelConfig field can be overridden on the command line
 (`--learning_rate 1e-6`) or in a YAML file (`--config`), command line winning.
