@@ -158,7 +158,8 @@ def chat_prompt(question: str) -> list[dict]:
 
 
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
-    """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`.
+    """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`, and
+    `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
 
     Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
     a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
@@ -183,7 +184,7 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
         elif parse_number(solution.rsplit("####", 1)[-1]) is None:  # as written: `1,2` is no number, `1,200` is
             bad.setdefault("a gold answer that is no number", []).append(where)
         else:
-            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer})
+            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer, "solution": solution})
     report_bad_rows(bad, len(rows), split, named, strict)
     return Dataset.from_list(rows)
 
@@ -350,8 +351,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
     test = get_gsm8k_questions("test", run.dataset, run.strict_data) if evaluation.measures(run) else None
+    shows_train = "kshot" in run.eval_protocols  # k-shot evaluation shows worked train solutions
     if run.eval_only:
-        return modes.evaluate_only(test, run, training_args, model_args, ANSWER_FORMAT)
+        shots = get_gsm8k_questions("train", run.dataset, run.strict_data) if shows_train else None
+        return modes.evaluate_only(test, shots, run, training_args, model_args, ANSWER_FORMAT)
     train = get_gsm8k_questions("train", run.dataset, run.strict_data)
     tokenizer = models.load_tokenizer(model_args, training_args)
     train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
-    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT))  # before, during, after training
+    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT, train))  # before, during, after
     watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
@@ -379,13 +382,17 @@ def main(argv: list[str] | None = None) -> None:
     # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
     with on_signals(trainer) as signals:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        if not (watcher.stopped or signals.stopped):  # a stopped run's checkpoint holds its weights: no final model
+            trainer.save_model(training_args.output_dir)
+            logger.info("Model saved to %s", training_args.output_dir)
         trainer.save_state()
         if trainer.accelerator.is_main_process:
             plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
-        exit_if_stopped(watcher, signals)  # a checkpoint to resume from; exit 3 (not finite), 75, 130 (Ctrl-C)
-        trainer.save_model(training_args.output_dir)
-        tracking.finish(trainer)
-    logger.info("Model saved to %s", training_args.output_dir)
+        # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
+        # one may still be writing the state and curves.
+        trainer.accelerator.wait_for_everyone()
+        tracking.finish(trainer)  # the trackers, and the processes' group
+        exit_if_stopped(watcher, signals)  # exit 3 (not finite), 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C): how to go on
 
 
 if __name__ == "__main__":

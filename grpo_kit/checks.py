@@ -16,7 +16,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from grpo_kit import folders, presets
+from grpo_kit import folders, presets, smoke
 from grpo_kit.models import GPU_EXTRAS
 
 TAG_RE = re.compile(r"<([A-Za-z][A-Za-z0-9_-]*)>")
@@ -200,6 +200,7 @@ def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
         *vllm(v),
         *generation_precision(v),
         *evaluation_processes(v),
+        *evaluation_protocols(v),
         *health_checks(v),
     ]
 
@@ -495,6 +496,11 @@ def evaluation_processes(v: dict) -> list[str]:
 def warnings(v: dict) -> list[str]:
     """Settings that work but are probably not what the user wants: one line each."""
     out = []
+    if v["tiny_model"] != smoke.TINY_MODELS[0] and presets.chosen(v) is None:
+        out.append(
+            f"tiny_model={v['tiny_model']} chooses the model of --smoke and --demo only: this run trains "
+            f"{v['model_name_or_path']}"
+        )
     full_bf16 = v["dtype"] in ("bfloat16", "float16") and not v["use_peft"] and zero_stage() is None
     if full_bf16 and not v["use_cpu"]:
         out.append(
@@ -502,6 +508,23 @@ def warnings(v: dict) -> list[str]:
             f"below half their spacing round away (most of them at lr {v['learning_rate']}); leave --dtype unset "
             "for fp32 weights with bf16 compute, or use DeepSpeed (which keeps fp32 master weights)"
         )
+    return out
+
+
+def evaluation_protocols(v: dict) -> list[str]:
+    from grpo_kit.protocols import PROTOCOLS
+
+    out = []
+    unknown = [name for name in v.get("eval_protocols") or [] if name not in PROTOCOLS]
+    if unknown:
+        out.append(f"eval_protocols: {', '.join(unknown)}: no such protocol (the protocols: {', '.join(PROTOCOLS)})")
+    if not 1 <= v["eval_shots"] <= 32:
+        out.append(f"eval_shots={v['eval_shots']}: the kshot protocol shows 1 to 32 worked examples (lm-eval: 5, 8)")
+    if v["eval_samples"] < 0:
+        out.append(f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k")
+    temperature = v.get("eval_temperature")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        out.append(f"eval_temperature={temperature}: sampling needs a positive temperature")
     return out
 
 

@@ -5,7 +5,8 @@ rewards, offline, in about two minutes on two CPU cores (about half of it the wa
 
 1. Problems: grade-school word problems, a two-digit number plus or minus a one-digit one, in GSM8K's format.
    The held-out test split (256 problems) shares no sum (numbers and operation) with the training split.
-2. A tiny Qwen2 model (hidden size 128, 2 layers, 0.35 M parameters) and a tokenizer built here, then a short
+2. A tiny model (Qwen2 by default, or Llama with Llama 3's chat conventions: `--tiny_model llama3`; hidden size
+   128, 2 layers, 0.35-0.36 M parameters) and a tokenizer built here, then a short
    supervised warm start (`warm_start`) on the training problems written in the recipe's answer format. Their
    solutions come in two styles, as people's do: most give the result at once (`48 + 8 = 56`), some count on one
    by one (`48 + 8, counting on: 49+7=50+6=...=56`). After the warm start the model has the format and answers at
@@ -29,19 +30,16 @@ import re
 import time
 from pathlib import Path
 
-from grpo_kit import smoke
+from grpo_kit import generation, models, smoke
 
 logger = logging.getLogger("grpo_demo")
 
 ASSETS_DIR = "outputs/demo-assets"
-MODEL_DIR = f"{ASSETS_DIR}/warm-qwen2"
+MODEL_DIRS = {kind: f"{ASSETS_DIR}/warm-{kind}" for kind in smoke.TINY_MODELS}
 DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"
 
 DEFAULTS = dict(
-    model_name_or_path=MODEL_DIR,
     dataset=DATA_DIR,
-    output_dir="outputs/demo-GRPO",
-    run_name="demo-GRPO-generated",
     report_to=["none"],
     bf16=False,
     activation_checkpointing=False,  # nothing to save on a model this small
@@ -114,32 +112,38 @@ def make_problems(n_train: int, n_test: int, seed: int = 0) -> tuple[list[dict],
     return train, test
 
 
-def build_tokenizer(answer_format, rows: list[dict]):
-    """smoke's tokenizer, trained on the prompts and solutions with their digits left out, so that every digit
-    stays a token of its own: a tiny model learns sums of digits far sooner than sums of arbitrary digit chunks."""
-    texts = smoke.corpus(answer_format, rows)
-    return smoke.build_tokenizer([re.sub(r"\d", "", text) for text in texts], answer_format.tags)
+def build_tokenizer(answer_format, rows: list[dict], kind: str = "qwen2"):
+    """smoke's tokenizer of `kind`, trained on the prompts and solutions with their digits left out, so that every
+    digit stays a token of its own: a tiny model learns sums of digits far sooner than sums of arbitrary digit
+    chunks."""
+    texts = smoke.corpus(answer_format, rows, kind)
+    return smoke.build_tokenizer([re.sub(r"\d", "", text) for text in texts], answer_format.tags, kind=kind)
+
+
+def examples(tokenizer, answer_format, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of each row for the warm start: the recipe's chat prompt as every other path tokenizes
+    it (`generation.prompt_ids`: one BOS, the template's), and the formatted solution followed by the token the chat
+    template ends a turn with (`<|eot_id|>` for Llama 3, whose end of sequence is another token), so that the model
+    learns to stop where a turn ends."""
+    prompt_ids = generation.prompt_ids(tokenizer, [answer_format.chat_prompt(r["question"]) for r in rows])
+    # The trainer generates after the prompt's tokens, so the solution is tokenized on its own, as generated.
+    solutions = [answer_format.gsm8k_solution(r["answer"]).rstrip("\n") for r in rows]
+    solution_ids = tokenizer(solutions, add_special_tokens=False)["input_ids"]
+    end = tokenizer.convert_tokens_to_ids(models.end_of_turn(tokenizer) or tokenizer.eos_token)
+    return [(p, s + [end]) for p, s in zip(prompt_ids, solution_ids, strict=True)]
 
 
 def warm_start(model, tokenizer, answer_format, rows: list[dict], steps: int = WARM_STEPS, seed: int = 0):
-    """Supervised fine-tuning on (recipe prompt, formatted solution + end of turn), loss on the solution only.
+    """Supervised fine-tuning on `examples` (recipe prompt, formatted solution + end of turn), loss on the solution
+    only.
 
     AdamW at up to WARM_LR (linear warmup over WARM_WARMUP steps, then cosine decay to 0), batches of WARM_BATCH
     rows drawn without replacement. The model is trained in place and returned in eval mode.
     """
     import torch
 
-    prompts = [
-        tokenizer.apply_chat_template(
-            answer_format.chat_prompt(r["question"]), add_generation_prompt=True, tokenize=False
-        )
-        for r in rows
-    ]
-    # The trainer generates after the prompt's tokens, so the solution is tokenized on its own, as generated.
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    solutions = [answer_format.gsm8k_solution(r["answer"]).rstrip("\n") for r in rows]
-    solution_ids = tokenizer(solutions, add_special_tokens=False)["input_ids"]
-    examples = [(p, s + [tokenizer.eos_token_id]) for p, s in zip(prompt_ids, solution_ids, strict=True)]
+    pairs = examples(tokenizer, answer_format, rows)
+    pad = tokenizer.convert_tokens_to_ids(models.pad_token(tokenizer))  # the recipe's pad rule; masked out here
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -155,11 +159,11 @@ def warm_start(model, tokenizer, answer_format, rows: list[dict], steps: int = W
     started = time.perf_counter()
     for step in range(1, steps + 1):
         if len(order) < WARM_BATCH:
-            order = list(range(len(examples)))
+            order = list(range(len(pairs)))
             rng.shuffle(order)
-        batch = [examples[order.pop()] for _ in range(WARM_BATCH)]
+        batch = [pairs[order.pop()] for _ in range(WARM_BATCH)]
         width = max(len(p) + len(s) for p, s in batch)
-        input_ids = torch.full((WARM_BATCH, width), tokenizer.pad_token_id)
+        input_ids = torch.full((WARM_BATCH, width), pad)
         labels = torch.full((WARM_BATCH, width), -100)  # ignored by the loss: prompt and padding
         attention_mask = torch.zeros((WARM_BATCH, width), dtype=torch.long)
         for i, (p, s) in enumerate(batch):
@@ -185,9 +189,11 @@ def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) 
     train, test = make_problems(N_TRAIN, N_TEST, seed)
     if data_dir == DATA_DIR:
         smoke.write_splits(data_dir, train, test)
-    if model_dir != MODEL_DIR:
+    kind = next((kind for kind, folder in MODEL_DIRS.items() if folder == model_dir), None)
+    if kind is None:
         return
     made_with = {
+        "tiny_model": kind,
         "seed": seed,
         "n_train": N_TRAIN,
         "counting_share": COUNTING_SHARE,
@@ -204,8 +210,8 @@ def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) 
         logger.info("Reusing the warm-started model in %s", model_dir)
         return
     stamp.unlink(missing_ok=True)  # a rebuild cut short must not pass for the old model
-    tokenizer = build_tokenizer(answer_format, train)
-    model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS)
+    tokenizer = build_tokenizer(answer_format, train, kind)
+    model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS, kind)
     logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))
     warm_start(model, tokenizer, answer_format, train, WARM_STEPS, seed)
     tokenizer.save_pretrained(model_dir)

@@ -1,4 +1,5 @@
-"""GSM8K accuracy of a model: greedy completions of the test split, scored in the recipe's own format.
+"""GSM8K accuracy of a model: completions of the test split (greedy, and sampled for pass@k / maj@k), scored in an
+evaluation protocol (`grpo_kit.protocols`: the recipe's own format by default).
 
 Evaluation is collective: under `accelerate launch` every process generates its share of the questions, the
 completions are gathered, and the main process writes the report, so N processes evaluate N times faster and none
@@ -14,13 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from functools import partial
 from itertools import islice
 
 from transformers import Trainer, TrainerCallback
 
-from grpo_kit.generation import Generation, generate_greedy
-from grpo_kit.reports import compare, write_report
-from grpo_kit.scoring import score, summarize
+from grpo_kit.generation import Generation, generate_greedy, generate_samples
+from grpo_kit.protocols import build as build_protocol
+from grpo_kit.reports import compare, eval_name, write_report
+from grpo_kit.scoring import score, summarize, summarize_samples
 
 logger = logging.getLogger("grpo_demo")
 
@@ -43,22 +46,15 @@ def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
     return own + [own[-1] if own else 0] * (-(-n // count) - len(own)), len(own)
 
 
-def generate_collectively(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int, desc: str):
-    """Greedy completions of `prompts` in input order, generated in shares by every process and gathered."""
+def generate_collectively(model, tokenizer, prompts: list, generate, desc: str):
+    """`generate(model, tokenizer, prompts, desc=..., progress=...)` of `prompts` in input order, run by every
+    process on its share and gathered (`generation.generate_greedy` or `generate_samples`, arguments bound)."""
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
     state = PartialState()
     indices, own = shard(len(prompts), state.process_index, state.num_processes)
-    generations = generate_greedy(
-        model,
-        tokenizer,
-        [prompts[i] for i in indices],
-        max_new_tokens,
-        batch_size,
-        desc,
-        progress=state.is_main_process,
-    )
+    generations = generate(model, tokenizer, [prompts[i] for i in indices], desc=desc, progress=state.is_main_process)
     mine = list(zip(indices[:own], generations[:own], strict=True))
     by_index = dict(gather_object(mine) if state.num_processes > 1 else mine)
     return [by_index[i] for i in range(len(prompts))]
@@ -73,38 +69,65 @@ def evaluate(
     max_new_tokens: int,
     batch_size: int,
     model_name: str,
+    protocol=None,
+    samples: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
     desc: str = "GSM8K",
     generations: list[Generation] | None = None,
+    sampled: list[list[Generation]] | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Greedy accuracy on `rows` (the recipe's rows: `question`, `prompt`, `answer`).
+    """Accuracy on `rows` (the recipe's rows: `question`, `prompt`, `answer`) under `protocol` (default: the
+    recipe's; `grpo_kit.protocols`): greedy, and with `samples` > 0 also pass@k and maj@k of that many samples per
+    question at `temperature`.
 
-    Returns (summary, records), the same on every process: the summary holds `scoring.summarize`'s rates plus
-    `model`, `backend`, `max_new_tokens`, `processes`, `seconds` and `questions_per_second`; a record holds the
-    question, gold answer, completion, `scoring.score`'s fields, `completion_tokens` and `truncated`.
-    `generations` given (vLLM's) are scored instead of generating with `model`.
+    Returns (summary, records), the same on every process: the summary holds `scoring.summarize`'s rates and
+    intervals, `protocol`, `model`, `backend`, `max_new_tokens`, `processes`, `seconds`, `questions_per_second` and,
+    with samples, `sampling` (`scoring.summarize_samples`); a record holds the question, gold answer, completion,
+    `scoring.score`'s fields, `completion_tokens`, `truncated` and, with samples, `samples` (each scored alike).
+    `generations` (and `sampled`) given, vLLM's, are scored instead of generating with `model`.
     """
     from accelerate import PartialState
 
+    protocol = protocol or build_protocol("recipe", answer_format)
     rows = list(rows)
     started = time.perf_counter()
     backend = "vllm" if generations is not None else "hf"
+    prompts = [protocol.prompt(row["question"]) for row in rows]
     if generations is None:
-        prompts = [row["prompt"] for row in rows]
-        generations = generate_collectively(model, tokenizer, prompts, max_new_tokens, batch_size, desc)
+        greedy = partial(generate_greedy, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        generations = generate_collectively(model, tokenizer, prompts, greedy, desc)
+        if samples > 0:
+            sample = partial(
+                generate_samples,
+                samples=samples,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                seed=seed + PartialState().process_index,  # each process samples its own share
+            )
+            sampled = generate_collectively(model, tokenizer, prompts, sample, f"{desc}, {samples} samples")
     seconds = time.perf_counter() - started
-    records = [
-        {
-            "question": row["question"],
-            "gold": row["answer"],
+
+    def scored(g: Generation, gold: str) -> dict:
+        return {
             "completion": g.text,
-            **score(g.text, row["answer"], answer_format),
+            **score(g.text, gold, answer_format, protocol),
             "completion_tokens": g.tokens,
             "truncated": g.truncated,
         }
+
+    records = [
+        {"question": row["question"], "gold": row["answer"], **scored(g, row["answer"])}
         for row, g in zip(rows, generations, strict=True)
     ]
+    if sampled is not None:
+        for record, own in zip(records, sampled, strict=True):
+            record["samples"] = [scored(g, record["gold"]) for g in own]
     summary = {
         **summarize(records),
+        "protocol": protocol.name,
+        **({"protocol_details": protocol.details} if protocol.details else {}),
         "model": model_name,
         "questions_sha256": questions_fingerprint(rows),
         "backend": backend,
@@ -113,6 +136,8 @@ def evaluate(
         "seconds": round(seconds, 2),
         "questions_per_second": round(len(records) / seconds, 2) if seconds else None,
     }
+    if sampled is not None:
+        summary["sampling"] = summarize_samples(records, len(sampled[0]) if sampled else samples, temperature)
     return summary, records
 
 
@@ -139,11 +164,12 @@ def release_memory() -> None:
 
 
 class AccuracyCallback(TrainerCallback):
-    """Greedy accuracy of the trainer's own model, generated by every process in shares:
+    """Accuracy of the trainer's own model, generated by every process in shares:
 
     - `before_and_after`: the start model at the start of a new run (`eval/baseline/`, not on resume: the run's
       start model was measured when it started) and the trained model after the last step (`eval/final/`), then
-      `eval/comparison.json`;
+      `eval/comparison.json` (paired test, flipped questions); in each of `protocols` (the recipe's, then
+      `baseline-kshot`, ...), with pass@k and maj@k where `sampling` asks;
     - `every_steps` > 0: the first `subset` rows every `every_steps` optimizer steps, logged as
       `eval_accuracy_strict`, `eval_accuracy_lenient`, `eval_format_rate` and `eval_mean_completion_tokens` in
       `trainer_state.json`'s log history, and as `eval/...` in wandb.
@@ -153,17 +179,32 @@ class AccuracyCallback(TrainerCallback):
     autocast (bf16 on a GPU, as in training), then put back.
     """
 
-    def __init__(self, trainer, rows, answer_format, *, before_and_after, every_steps, subset, batch_size, limit):
+    def __init__(
+        self,
+        trainer,
+        rows,
+        answer_format,
+        *,
+        before_and_after,
+        every_steps,
+        subset,
+        batch_size,
+        limit,
+        protocols=(),
+        sampling=None,
+    ):
         self.trainer = trainer
         self.rows = list(islice(rows or [], limit))
         self.subset = self.rows[:subset]
         self.answer_format = answer_format
+        self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
+        self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
         self.before_and_after = before_and_after
         self.every_steps = every_steps
         self.batch_size = batch_size
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
-    def measure(self, rows, model_name: str, desc: str) -> tuple[dict, list[dict]]:
+    def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
         from trl.models import unwrap_model_for_generation
 
         trainer, args = self.trainer, self.trainer.args
@@ -182,17 +223,22 @@ class AccuracyCallback(TrainerCallback):
                 max_new_tokens=args.max_completion_length,
                 batch_size=self.batch_size,
                 model_name=model_name,
+                protocol=protocol,
                 desc=desc,
+                **(sampling or {}),
             )
         release_memory()
         return result
 
-    def report(self, name: str, model_name: str) -> None:
-        summary, records = self.measure(self.rows, model_name, f"GSM8K {name}")
-        if name == "final":
-            summary["start_model"] = self.start_model
-        if self.trainer.accelerator.is_main_process:
-            write_report(self.trainer.args.output_dir, name, summary, records)
+    def report(self, base: str, model_name: str) -> None:
+        """`base` (baseline, final) in every protocol asked for, with the sampling metrics where asked."""
+        for protocol in self.protocols:
+            name = eval_name(base, protocol.name)
+            summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
+            if base == "final":
+                summary["start_model"] = self.start_model
+            if self.trainer.accelerator.is_main_process:
+                write_report(self.trainer.args.output_dir, name, summary, records)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.before_and_after:
@@ -232,10 +278,36 @@ class AccuracyCallback(TrainerCallback):
             return
         self.report("final", args.output_dir)
         if self.trainer.accelerator.is_main_process:
-            compare(args.output_dir)
+            for protocol in self.protocols:
+                compare(args.output_dir, protocol.name)
 
 
-def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
+def protocols(run, answer_format, test_rows, train_rows, *, training: bool) -> list:
+    """The protocols `run.eval_protocols` names (a training run's baseline and final always include the recipe's,
+    first), built: k-shot exemplars from `train_rows`, never one of `test_rows`' questions."""
+    names = list(dict.fromkeys((["recipe"] if training else []) + list(run.eval_protocols)))
+    questions = {row["question"] for row in test_rows or []}
+    return [
+        build_protocol(
+            name, answer_format, train_rows=train_rows, test_questions=questions, shots=run.eval_shots, seed=SHOTS_SEED
+        )
+        for name in names
+    ]
+
+
+SHOTS_SEED = 1234  # the k-shot exemplars' draw, fixed whatever the training seed (lm-evaluation-harness's default)
+
+
+def sampling(run, training_args) -> dict:
+    """pass@k / maj@k settings for `evaluate`: none unless `eval_samples` > 0; the training temperature unless
+    `eval_temperature` is given; the run's seed."""
+    if run.eval_samples <= 0:
+        return {}
+    temperature = run.eval_temperature if run.eval_temperature is not None else training_args.temperature
+    return {"samples": run.eval_samples, "temperature": temperature, "seed": training_args.seed}
+
+
+def callback(trainer, test_rows, run, answer_format, train_rows=None) -> AccuracyCallback:
     """The accuracy measurements a training run's settings ask for (none when `test_rows` is None)."""
     return AccuracyCallback(
         trainer,
@@ -246,4 +318,6 @@ def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
         subset=run.eval_subset,
         batch_size=run.eval_batch_size,
         limit=run.eval_limit,
+        protocols=protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else (),
+        sampling=sampling(run, trainer.args),
     )

@@ -20,7 +20,7 @@ LOCK_NAME = ".run.lock"
 
 # What a run writes into its output folder: a preset clears these, and only these.
 RUN_ENTRIES = (
-    "run_record.json", "trainer_state.json", "training_args.bin", "curves.png", "README.md", LOCK_NAME,
+    "run_record.json", "trainer_state.json", "training_args.bin", "curves.png", "README.md", "health.json", LOCK_NAME,
     "config.json", "generation_config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
     "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json",
     "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",

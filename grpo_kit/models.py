@@ -12,16 +12,91 @@ FLASH_MIN_CAPABILITY = (8, 0)  # flash-attn 2 runs on Ampere or newer
 GPU_EXTRAS = "pip install -r requirements-gpu.txt"
 
 
+# Tokens a vocabulary reserves for padding: Llama 3.1 and later keep `<|finetune_right_pad_id|>` for it (and set no
+# pad token); other tokenizers that have one set it as their pad token already.
+RESERVED_PAD_TOKENS = ("<|finetune_right_pad_id|>", "<pad>")
+
+
 def set_pad_token(tokenizer):
-    """The one pad-token rule: a tokenizer without one (Llama 3.2) pads with its end-of-sequence token. Padding is
-    masked out everywhere (attention masks in generation and training), so which token it is does not matter."""
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    """The one pad-token rule: a tokenizer without one (Llama 3) pads with a token its vocabulary reserves for padding,
+    which no prompt or completion contains, else with its end-of-sequence token. The recipe and TRL mask padding by
+    attention masks, but code that masks by token id (an attention mask made as `ids != pad`, a collator ignoring
+    labels equal to the pad) would take a pad that is also a real token for padding: Llama 3.2's end of sequence,
+    `<|eot_id|>`, ends every turn of every prompt and every completion."""
+    tokenizer.pad_token = pad_token(tokenizer)
+    return tokenizer
+
+
+def pad_token(tokenizer) -> str:
+    """The token `set_pad_token` pads with (the tokenizer is not modified)."""
+    if tokenizer.pad_token is not None:
+        return tokenizer.pad_token
+    vocabulary = tokenizer.get_vocab()
+    return next((token for token in RESERVED_PAD_TOKENS if token in vocabulary), tokenizer.eos_token)
+
+
+def end_of_turn(tokenizer) -> str | None:
+    """The special token the chat template closes an assistant turn with (`<|im_end|>` for ChatML, `<|eot_id|>` for
+    Llama 3), None when the template has none (or fails on a short conversation)."""
+    mark = "MARK-the-answer-ends-here"  # text no template adds to, trims or escapes
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "?"}, {"role": "assistant", "content": mark}], tokenize=False
+        )
+    except Exception:  # a template that raises on this conversation (a jinja exception of its own)
+        return None
+    after = text.rsplit(mark, 1)[-1] if mark in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    token = tokenizer.convert_ids_to_tokens(ids[0]) if ids else None
+    return token if token in tokenizer.all_special_tokens or token in tokenizer.get_added_vocab() else None
+
+
+def configured_end_ids(name: str, model_args, training_args) -> list[int]:
+    """The token ids the model's generation config (or, without one, its config) says end generation."""
+    from transformers import AutoConfig, GenerationConfig
+
+    options = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)
+    try:
+        ids = GenerationConfig.from_pretrained(name, revision=model_args.model_revision).eos_token_id
+    except OSError:  # no generation_config.json: generation reads the model's config
+        try:
+            ids = getattr(AutoConfig.from_pretrained(name, **options).get_text_config(), "eos_token_id", None)
+        except (OSError, ValueError):  # unreadable: the template's end is not added then
+            ids = None
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
+def stop_at_end_of_turn(tokenizer, name: str, model_args, training_args):
+    """Make sure generation stops where the chat template ends a turn.
+
+    Generation ends at the tokenizer's end of sequence and the generation config's eos_token_id (TRL's rollouts,
+    vLLM and this recipe's evaluation all take both). A model whose template ends turns with a token neither names
+    (Llama 3's first Instruct release: `<|eot_id|>`, with `<|end_of_text|>` as the end of sequence) would write
+    past the end of its answer until the length limit, every completion truncated. That token is made the
+    tokenizer's end of sequence then, and under vLLM, which reads the tokenizer from the model's folder, a stop token.
+    """
+    turn_end = end_of_turn(tokenizer)
+    if turn_end is None or turn_end == tokenizer.eos_token:
+        return tokenizer
+    turn_end_id = tokenizer.convert_tokens_to_ids(turn_end)
+    if turn_end_id in configured_end_ids(name, model_args, training_args):
+        return tokenizer
+    logger.warning(
+        "%s ends a turn with %s, which neither its tokenizer's end of sequence (%s) nor its generation config lists: "
+        "using %s as the end of sequence, so that completions stop there",
+        name, turn_end, tokenizer.eos_token, turn_end,
+    )  # fmt: skip
+    tokenizer.eos_token = turn_end
+    if getattr(training_args, "use_vllm", False):
+        kwargs = dict(training_args.generation_kwargs or {})
+        kwargs["stop_token_ids"] = sorted({*kwargs.get("stop_token_ids", []), turn_end_id})
+        training_args.generation_kwargs = kwargs
     return tokenizer
 
 
 def load_tokenizer(model_args, training_args, path: str | None = None):
-    """The model's tokenizer, with a pad token; a short message instead of a traceback when it can't be had."""
+    """The model's tokenizer, with a pad token of its own and an end of sequence where its turns end (see
+    `set_pad_token` and `stop_at_end_of_turn`); a short message instead of a traceback when it can't be had."""
     from transformers import AutoTokenizer
 
     name = path or model_args.model_name_or_path
@@ -35,7 +110,7 @@ def load_tokenizer(model_args, training_args, path: str | None = None):
             "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
             "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
         )
-    return set_pad_token(tokenizer)
+    return set_pad_token(stop_at_end_of_turn(tokenizer, name, model_args, training_args))
 
 
 def on_gpu(training_args) -> bool:

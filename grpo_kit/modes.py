@@ -17,49 +17,75 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
     print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
 
 
-def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> dict:
+def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_format) -> list[dict]:
     """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (the output folder is the model's
     own when it is a local folder and none is given: `settings.resolve`): `final` for a trained model (a folder a
     training run saved), `baseline` for a start model; then the comparison, where the two are comparable. An
     evaluation of that name made on other terms (another model, other questions or length) is kept, and this one
     is written beside it (`final-2`, ...).
 
-    Under `accelerate launch` every process evaluates its share; with `--use_vllm` one vLLM engine does it all.
+    Each protocol of `--eval_protocols` is its own evaluation (`final`, `final-kshot`, ...; k-shot examples from
+    `train_rows`), with pass@k and maj@k where `--eval_samples` asks. Under `accelerate launch` every process
+    evaluates its share; with `--use_vllm` one vLLM engine does it all. Returns the summaries.
     """
     from accelerate import PartialState
 
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     trained = (Path(path) / "trainer_state.json").is_file()
     rows = list(islice(test_rows, run.eval_limit))
-    terms = {
-        "model": path,
-        "questions_sha256": evaluation.questions_fingerprint(rows),
-        "max_new_tokens": training_args.max_completion_length,
-    }
-    name = reports.free_name(output_dir, "final" if trained else "baseline", terms)
     tokenizer = models.load_tokenizer(model_args, training_args)
-    settings = dict(max_new_tokens=training_args.max_completion_length, batch_size=run.eval_batch_size, model_name=path)
+    sampling = evaluation.sampling(run, training_args)
     if training_args.use_vllm:
-        generations = generation.generate_vllm(
+        engine = generation.vllm_engine(
             path,
-            tokenizer,
-            [row["prompt"] for row in rows],
-            training_args.max_completion_length,
             dtype=models.inference_dtype(model_args, training_args),
             revision=model_args.model_revision,
             trust_remote_code=training_args.trust_remote_code,
             gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
             max_model_length=training_args.vllm_max_model_length,
         )
-        summary, records = evaluation.evaluate(
-            None, tokenizer, rows, answer_format, generations=generations, **settings
-        )
     else:
         model = models.load_for_inference(model_args, training_args)
-        summary, records = evaluation.evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings)
-    if trained:
-        summary["start_model"] = reports.start_model_of(path)
-    if PartialState().is_main_process:
-        reports.write_report(output_dir, name, summary, records)
-        reports.compare(output_dir)
-    return summary
+    summaries = []
+    for protocol in evaluation.protocols(run, answer_format, rows, train_rows, training=False):
+        terms = {
+            "model": path,
+            "questions_sha256": evaluation.questions_fingerprint(rows),
+            "max_new_tokens": training_args.max_completion_length,
+            "protocol": protocol.name,
+        }
+        name = reports.free_name(
+            output_dir, reports.eval_name("final" if trained else "baseline", protocol.name), terms
+        )
+        settings = dict(
+            max_new_tokens=training_args.max_completion_length,
+            batch_size=run.eval_batch_size,
+            model_name=path,
+            protocol=protocol,
+        )
+        if training_args.use_vllm:
+            prompts = [protocol.prompt(row["question"]) for row in rows]
+            generations, sampled = generation.generate_vllm(
+                engine, tokenizer, prompts, training_args.max_completion_length, **sampling
+            )
+            summary, records = evaluation.evaluate(
+                None,
+                tokenizer,
+                rows,
+                answer_format,
+                generations=generations,
+                sampled=sampled,
+                temperature=sampling.get("temperature", 1.0),
+                **settings,
+            )
+        else:
+            summary, records = evaluation.evaluate(
+                model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings, **sampling
+            )
+        if trained:
+            summary["start_model"] = reports.start_model_of(path)
+        if PartialState().is_main_process:
+            reports.write_report(output_dir, name, summary, records)
+            reports.compare(output_dir, protocol.name)
+        summaries.append(summary)
+    return summaries

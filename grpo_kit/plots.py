@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from grpo_kit import health
@@ -29,13 +30,12 @@ LENGTH_KEY = "completions/mean_length"
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
-    """The mean of the last `window` values at each point (of fewer at the start)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+    """The mean of the finite values among the last `window` at each point (of fewer at the start); NaN where there
+    are none. A NaN or None (TRL logs None for a reward that was NaN throughout a step) is a gap, not a poison."""
+    out = []
+    for i in range(len(values)):
+        finite = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None and math.isfinite(v)]
+        out.append(sum(finite) / len(finite) if finite else math.nan)
     return out
 
 
@@ -50,16 +50,21 @@ def _measured(entry: dict, key: str) -> float | None:
 def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None:
     """Draw `<output_dir>/curves.png` from its `trainer_state.json` and `eval/{baseline,final}/summary.json`.
 
-    Returns the picture's path, or None (nothing drawn) when the folder holds no trainer state.
+    Returns the picture's path, or None (nothing drawn) when the folder holds no trainer state, or when drawing
+    failed: a picture is never worth a run's end (it says why and goes on).
     """
-    fig = curves_figure(output_dir, title)
-    if fig is None:
-        return None
-    import matplotlib.pyplot as plt
+    try:
+        fig = curves_figure(output_dir, title)
+        if fig is None:
+            return None
+        import matplotlib.pyplot as plt
 
-    path = Path(output_dir) / FILE_NAME
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        path = Path(output_dir) / FILE_NAME
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+    except Exception as err:  # noqa: BLE001 - any failure to draw is reported, never raised
+        logger.warning("No curves.png in %s: drawing failed (%s: %s)", output_dir, type(err).__name__, err)
+        return None
     logger.info("Curves drawn in %s", path)
     return path
 
@@ -113,7 +118,7 @@ def _plot_smoothed(ax, steps: list[dict], lines: list[tuple[str, str, str, float
     x = [e["step"] for e in steps]
     window = max(1, round(len(x) / 15))  # about 15 windows across the run, whatever its length
     for key, label, color, width in lines:
-        values = [e.get(key, float("nan")) for e in steps]
+        values = [math.nan if e.get(key) is None else e[key] for e in steps]
         if window > 1:
             ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
         ax.plot(x, moving_average(values, window), color=color, linewidth=width, label=label)

@@ -1,8 +1,9 @@
 """The offline presets, chosen in one place: `--smoke` (a few steps of a tiny model) and `--demo` (GRPO that learns).
 
 A preset is a module with `DEFAULTS` (settings that sit between the recipe's constants and the user's YAML and
-command line), `MODEL_DIR` and `DATA_DIR` (where it writes its tiny model and generated problems, unless the user
-points elsewhere) and `prepare`, which writes them in the recipe's own answer format.
+command line), `MODEL_DIRS` (where it writes its tiny model of each kind, `smoke.TINY_MODELS`) and `DATA_DIR` (its
+generated problems), unless the user points elsewhere, and `prepare`, which writes them in the recipe's own answer
+format. `--tiny_model` chooses the kind; the model folder, output folder and run name follow it (`defaults`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,23 @@ def chosen(values: dict) -> ModuleType | None:
     return PRESETS[names[0]] if names else None
 
 
+def defaults(preset: ModuleType, tiny_model) -> dict:
+    """The preset's settings with its tiny model of kind `tiny_model`: that model's folder, and an output folder and
+    run name that name the kind unless it is the default one (`outputs/demo-GRPO`, `outputs/demo-llama3-GRPO`), so
+    that a run of one kind never clears the other's."""
+    kinds = smoke.TINY_MODELS
+    kind = tiny_model if tiny_model in kinds else kinds[0]  # another value is refused by the parser, with the choices
+    name = name_of(preset) + ("" if kind == kinds[0] else f"-{kind}")
+    own = {"output_dir": f"outputs/{name}-GRPO", "run_name": f"{name}-GRPO-generated"}
+    return {**preset.DEFAULTS, "model_name_or_path": preset.MODEL_DIRS[kind], **own}
+
+
 def writes(preset: ModuleType | None, key: str, value) -> bool:
-    """Whether `value` of setting `key` (model_name_or_path, dataset, output_dir) is one the preset writes itself."""
+    """Whether `value` of setting `key` (model_name_or_path, dataset, output_dir) is one the preset writes itself,
+    for a tiny model of any kind."""
     if preset is None:
         return False
-    own = {"model_name_or_path": preset.MODEL_DIR, "dataset": preset.DATA_DIR}.get(key, preset.DEFAULTS.get(key))
-    return value == own
+    return any(value == defaults(preset, kind).get(key) for kind in smoke.TINY_MODELS)
 
 
 def prepare(run, training_args, model_args, answer_format) -> None:
@@ -49,7 +61,7 @@ def prepare(run, training_args, model_args, answer_format) -> None:
     fresh = not (run.eval_only or run.ask or training_args.resume_from_checkpoint)  # a new training run
     with training_args.main_process_first(local=False, desc="preset assets"):
         if training_args.process_index == 0:
-            if fresh and training_args.output_dir == preset.DEFAULTS["output_dir"]:
+            if fresh and writes(preset, "output_dir", training_args.output_dir):
                 folders.clear_preset_folder(training_args.output_dir, name_of(preset))
             preset.prepare(answer_format, model_args.model_name_or_path, run.dataset, training_args.seed)
 

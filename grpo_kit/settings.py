@@ -21,6 +21,7 @@ import yaml
 
 from grpo_kit import checks, hub, models, presets
 from grpo_kit.folders import read_json
+from grpo_kit.smoke import TINY_MODELS
 
 logger = logging.getLogger("grpo_demo")
 
@@ -43,6 +44,14 @@ class RunArguments:
         default=False,
         metadata={"help": "Offline CPU demo, ~2 min: GRPO raises a tiny warm-started model's accuracy (curves.png)"},
     )
+    tiny_model: str = field(
+        default=TINY_MODELS[0],
+        metadata={
+            "help": "--smoke/--demo: the tiny model's architecture and chat conventions, qwen2 (Qwen2.5's ChatML) or "
+            "llama3 (a Llama model with Llama 3's chat template and special tokens)",
+            "choices": list(TINY_MODELS),
+        },
+    )
     # GSM8K test accuracy: greedy, max_completion_length new tokens, scored strict (answer block) and lenient
     eval_only: bool = field(
         default=False,
@@ -57,6 +66,21 @@ class RunArguments:
     eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
     eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
     eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together, per process"})
+    eval_protocols: list[str] = field(
+        default_factory=lambda: ["recipe"],
+        metadata={
+            "help": "How questions are put and answers read (grpo_kit/protocols.py): recipe (its format, zero-shot), "
+            "kshot (GSM8K's '#### N' style, eval_shots worked examples from train), chat (the question alone; "
+            "\\boxed{} or the last number). Baseline and final run in each; a training run always in recipe"
+        },
+    )
+    eval_shots: int = field(default=8, metadata={"help": "Worked examples the kshot protocol shows (drawn from train)"})
+    eval_samples: int = field(
+        default=0, metadata={"help": "Samples per question for pass@k and maj@k, beside greedy accuracy; 0: off"}
+    )
+    eval_temperature: float | None = field(
+        default=None, metadata={"help": "The temperature of eval_samples; default: the training temperature"}
+    )
     ask: str | None = field(
         default=None, metadata={"help": "Print a sampled answer of --model_name_or_path to this question and exit"}
     )
@@ -216,7 +240,7 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
         "bf16": native_bf16 and not chosen.get("fp16"),
         "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
         "dtype": None,
-        **(preset.DEFAULTS if preset else {}),
+        **(presets.defaults(preset, chosen.get("tiny_model")) if preset else {}),
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")

@@ -7,8 +7,8 @@ script the same:
 
 | asked by | checkpoint | exit code |
 | --- | --- | --- |
-| non-finite gradients (`health.py`) | the step's, its update skipped | 3 (`EXIT_NOT_FINITE`): fix, then resume |
-| a non-finite logged loss the gradients did not show | none: the newest is the last good one | 3 |
+| non-finite gradients (`health.py`) | the step's, its update skipped | 3 (`EXIT_NOT_FINITE`): see its message |
+| a non-finite logged loss the gradients did not show | none, the newest is the last good one (fp16: the step's) | 3 |
 | SIGTERM or SIGUSR1 (a scheduler before a time limit or preemption; kill) | the step's | 75 (`EXIT_STOPPED`): resume |
 | Ctrl-C (SIGINT) | the step's | 130 (`EXIT_INTERRUPTED`) |
 | Ctrl-C again, or any stop signal after a Ctrl-C | none: it stops at once | 130 |
@@ -44,8 +44,8 @@ RESUME = "--resume_from_checkpoint latest continues the run"
 
 class EarlyStop(TrainerCallback):
     """What every way of stopping early shares: `stop_here`, in a step's hook, asks the trainer to save this step (or
-    not) and stop after it, and records why; `exit_if_stopped`, once the run's state and curves are written, says so
-    and ends the process with `exit_code`."""
+    not) and stop after it, and records why; `exit_if_stopped`, once the run's state and curves are written (and every
+    process got that far), says so and ends the process with `exit_code`."""
 
     exit_code = 1
     then = RESUME
@@ -65,9 +65,6 @@ class EarlyStop(TrainerCallback):
         """End the process with `exit_code` where the run was stopped, saying how to go on."""
         if not self.stopped:
             return
-        # Every process ends together: under `accelerate launch` the first to end has the launcher stop the others,
-        # and the main process may still be writing the run's state and curves.
-        self.trainer.accelerator.wait_for_everyone()
         if self.main:
             step, reason, saved = (self.stopped[key] for key in ("step", "reason", "saved"))
             logger.log(self.level, "Stopped at step %d: %s. Saved: %s. %s", step, reason, saved, self.then)

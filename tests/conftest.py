@@ -95,6 +95,20 @@ def tiny_dir(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """The smoke preset's tiny Llama model and tokenizer with Llama 3's chat conventions, saved in a folder as
+    `--smoke --tiny_model llama3` builds them."""
+    import grpo_demo
+    from grpo_kit import smoke
+
+    fmt, folder = grpo_demo.ANSWER_FORMAT, tmp_path_factory.mktemp("tiny-llama3")
+    tokenizer = smoke.build_tokenizer(smoke.corpus(fmt, smoke.make_problems(64), "llama3"), fmt.tags, kind="llama3")
+    smoke.build_tiny_model(tokenizer, kind="llama3").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def gsm8k_dir(tmp_path_factory):
     """A folder of generated GSM8K-format problems: 64 train, 32 test."""
     from grpo_kit import smoke

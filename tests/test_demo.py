@@ -7,11 +7,12 @@ import logging
 import re
 
 import pytest
+import torch
 from conftest import REWARD_NAMES, run_recipe
 from transformers import AutoTokenizer
 
 import grpo_demo
-from grpo_kit import demo
+from grpo_kit import demo, generation, presets
 
 FMT = grpo_demo.ANSWER_FORMAT
 
@@ -57,9 +58,9 @@ def test_warm_start_targets_earn_every_reward():
 def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
-    d = demo.DEFAULTS
+    d = presets.defaults(demo, "qwen2")
     demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
-    model_dir = tmp_path / demo.MODEL_DIR
+    model_dir = tmp_path / d["model_name_or_path"]
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
     assert json.loads((model_dir / "warm_start.json").read_text())["warm_steps"] == 3
     test_rows = grpo_demo.get_gsm8k_questions("test", d["dataset"])
@@ -108,6 +109,12 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert rise >= 0.45, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
     assert after["accuracy_strict"] >= 0.55 and after["format_rate"] >= 0.95
     assert after["mean_completion_tokens"] > before["mean_completion_tokens"] + 10  # it learned to count
+    # The comparison says the rise is no chance: intervals apart, the paired test's verdict, the questions it moved.
+    assert before["interval_strict"][1] < after["interval_strict"][0]
+    paired = comparison["paired"]["strict"]
+    assert paired["verdict"] == "a rise larger than chance (p < 0.05)" and paired["gained"] > 10 * paired["lost"]
+    assert len(comparison["paired"]["flipped"]["gained"]) == paired["gained"]
+    assert "Paired, strict:" in result.stdout and "questions gained" in result.stdout
 
     state = json.loads((run / "trainer_state.json").read_text())
     steps = [e for e in state["log_history"] if "reward" in e]
@@ -117,3 +124,37 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert measured == list(range(5, 41, 5))  # every 5 steps, for the curves
     assert json.loads((run / "health.json").read_text())["findings"] == []  # a healthy run says so
     assert "Training health: ok" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_demo_learns_on_the_llama_model_too(tmp_path):
+    """`--demo --tiny_model llama3`: the same problems, rewards and GRPO on a tiny Llama with Llama 3's chat
+    conventions. Greedy strict accuracy on the 256 held-out problems rises as on Qwen2, and every completion ends at
+    `<|eot_id|>`, the end of a turn, not at the tokenizer's end of sequence. Measured: 6.2 -> 77.7 % (preset seed),
+    7.8 -> 40.2 % with --seed 0; the bounds sit below both (the project's bar is a rise of 15 points)."""
+    from transformers import AutoModelForCausalLM
+
+    result = run_recipe(["--demo", "--tiny_model", "llama3"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    run = tmp_path / "outputs" / "demo-llama3-GRPO"
+    comparison = json.loads((run / "eval" / "comparison.json").read_text())
+    before, after = comparison["baseline"], comparison["final"]
+    assert before["n"] == after["n"] == demo.N_TEST
+    assert before["format_rate"] >= 0.95 and after["format_rate"] >= 0.95
+    assert before["truncated"] == 0 and after["truncated"] <= 5  # completions stop: a rare one runs to the limit
+    rise = after["accuracy_strict"] - before["accuracy_strict"]
+    assert rise >= 0.2, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
+
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    model = AutoModelForCausalLM.from_pretrained(run).eval()
+    rows = grpo_demo.get_gsm8k_questions("test", str(tmp_path / demo.DATA_DIR))
+    ids = generation.prompt_ids(tokenizer, rows["prompt"][:16])
+    input_ids, attention_mask = generation.left_pad(ids, tokenizer.pad_token_id)
+    stops = generation.stop_ids(model, tokenizer)
+    with torch.no_grad():
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=72, do_sample=False,
+            eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+    ends = [next((t for t in row if t in stops), None) for row in output[:, input_ids.shape[1] :].tolist()]
+    assert ends == [tokenizer.convert_tokens_to_ids("<|eot_id|>")] * 16

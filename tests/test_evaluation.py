@@ -59,7 +59,10 @@ def test_summary_rates_of_hand_made_completions():
         {**scoring.score(text, gold, FMT), "completion_tokens": tokens, "truncated": cut}
         for text, gold, tokens, cut in cases
     ]
-    assert scoring.summarize(records) == {
+    summary = scoring.summarize(records)
+    assert summary.pop("interval_strict") == pytest.approx([0.0456, 0.6994], abs=1e-4)  # Wilson, 1 of 4
+    assert summary.pop("interval_lenient") == pytest.approx([0.3006, 0.9544], abs=1e-4)  # 3 of 4
+    assert summary == {
         "n": 4,
         "accuracy_strict": 0.25,
         "accuracy_lenient": 0.75,
@@ -126,22 +129,66 @@ def test_evaluate_writes_a_consistent_report(tiny, test_rows, tmp_path, capsys):
     assert "| accuracy, strict (answer block) |" in capsys.readouterr().out
 
 
+def records_of(strict: list[bool], lenient: list[bool] | None = None, tag: str = "") -> list[dict]:
+    """Scored records of questions q0, q1, ... with the given verdicts (lenient: as strict unless given)."""
+    lenient = strict if lenient is None else lenient
+    return [
+        {
+            "question": f"q{i}",
+            "gold": str(i),
+            "completion": f"{tag} answer {i}",
+            "correct_strict": s,
+            "correct_lenient": v,
+        }
+        for i, (s, v) in enumerate(zip(strict, lenient, strict=True))
+    ]
+
+
 def test_compare_writes_before_and_after(tmp_path, capsys):
-    def summary(strict, lenient, truncated):
+    def summary(records, truncated):
+        strict = sum(r["correct_strict"] for r in records) / len(records)
+        lenient = sum(r["correct_lenient"] for r in records) / len(records)
         rates = dict(accuracy_strict=strict, accuracy_lenient=lenient, format_rate=strict, soft_format_rate=strict)
         return {"n": 4, **rates, "mean_completion_tokens": 100.0, "truncated": truncated, "model": "m", "seconds": 1}
 
+    before = records_of([True, False, False, False], [True, True, False, False], tag="before")
+    after = records_of([True, True, True, False], [True, True, True, False], tag="after")
     assert reports.compare(tmp_path) is None  # no evaluations yet
-    reports.write_report(tmp_path, "baseline", summary(0.25, 0.5, 2), [])
+    reports.write_report(tmp_path, "baseline", summary(before, 2), before)
     assert reports.compare(tmp_path) is None  # a baseline alone
-    reports.write_report(tmp_path, "final", summary(0.75, 0.75, 0), [])
+    reports.write_report(tmp_path, "final", summary(after, 0), after)
     comparison = reports.compare(tmp_path)
     assert comparison == json.loads((tmp_path / "eval" / "comparison.json").read_text())
     assert comparison["change"]["accuracy_strict"] == 0.5
     assert comparison["change"]["truncated"] == -2
+    strict = comparison["paired"]["strict"]
+    assert (strict["gained"], strict["lost"], strict["p_value"]) == (2, 0, 0.5)  # 2 x P(X <= 0), X ~ B(2, 1/2)
+    assert strict["verdict"] == "within chance (p >= 0.05)"
+    assert comparison["paired"]["flipped"]["gained"] == [
+        {"question": f"q{i}", "gold": str(i), "before": f"before answer {i}", "after": f"after answer {i}"}
+        for i in (1, 2)
+    ]
+    assert comparison["paired"]["flipped"]["lost"] == []
+    assert comparison["paired"]["lenient"]["gained"] == 1
     table = capsys.readouterr().out
     assert "| accuracy, strict (answer block) | 25.0 % | 75.0 % | +50.0 pp |" in table
     assert "| truncated (hit max_new_tokens) | 2 | 0 | -2 |" in table
+    assert "Paired, strict: 2 questions gained, 0 lost; exact McNemar p = 0.5: within chance" in table
+
+
+def test_the_comparison_shows_intervals_and_calls_a_large_change_beyond_chance(tmp_path, capsys):
+    before, after = records_of([i < 20 for i in range(100)]), records_of([i < 60 for i in range(100)])
+    for name, records in (("baseline", before), ("final", after)):
+        reports.write_report(tmp_path, name, scoring.summarize([{**r, **FILLER} for r in records]) | TERMS, records)
+    comparison = reports.compare(tmp_path)
+    assert comparison["paired"]["strict"]["verdict"] == "a rise larger than chance (p < 0.05)"
+    assert comparison["paired"]["strict"]["p_value"] == pytest.approx(2 * 0.5**40)  # 40 gained, 0 lost
+    table = capsys.readouterr().out
+    assert "| accuracy, strict (answer block) | 20.0 % [13.3, 28.9] | 60.0 % [50.2, 69.1] | +40.0 pp |" in table
+
+
+FILLER = {"format_strict": True, "format_soft": True, "completion_tokens": 10, "truncated": False}
+TERMS = {"model": "m", "seconds": 1, "max_new_tokens": 786}
 
 
 def test_no_comparison_of_a_baseline_of_another_model(tmp_path, caplog):
@@ -149,15 +196,25 @@ def test_no_comparison_of_a_baseline_of_another_model(tmp_path, caplog):
         rates = dict(accuracy_strict=0.5, accuracy_lenient=0.5, format_rate=0.5, soft_format_rate=0.5)
         return {"n": 4, **rates, "mean_completion_tokens": 9.0, "truncated": 0, "model": model, "seconds": 1, **extra}
 
-    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), [])
+    records = records_of([True, True, False, False])
+    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), records)
     reports.write_report(
-        tmp_path, "final", summary("run", start_model="Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), []
+        tmp_path, "final", summary("run", start_model="Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), records
     )
     assert reports.compare(tmp_path) is not None
-    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-0.5B-Instruct", max_new_tokens=786), [])
+    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-0.5B-Instruct", max_new_tokens=786), records)
     assert reports.compare(tmp_path) is None
     assert not (tmp_path / "eval" / "comparison.json").exists()  # the older one is no longer true
     assert "the baseline measured Qwen/Qwen2.5-0.5B-Instruct, and the trained model started from Qwen" in caplog.text
+    reports.write_report(tmp_path, "baseline", summary("Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786), records)
+    reports.write_report(
+        tmp_path,
+        "final",
+        summary("run", start_model="Qwen/Qwen2.5-1.5B-Instruct", max_new_tokens=786, protocol="chat"),
+        records,
+    )
+    assert reports.compare(tmp_path) is None
+    assert "measured in different protocols: recipe vs chat" in caplog.text
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +251,10 @@ def smoke_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         patch.setattr(PreTrainedModel, "from_pretrained", classmethod(counting))
-        grpo_demo.main(["--smoke", "--report_to", "none", "--learning_rate", "0.05", "--eval_every_steps", "2"])
+        grpo_demo.main(
+            ["--smoke", "--report_to", "none", "--learning_rate", "0.05", "--eval_every_steps", "2"]
+            + ["--eval_protocols", "kshot", "chat", "--eval_shots", "3", "--eval_samples", "4"]
+        )
     return folder, loads
 
 
@@ -226,6 +286,25 @@ def test_baseline_and_final_evaluate_the_start_and_the_trained_model(smoke_run):
     assert [e["step"] for e in accuracy] == [2, 4]
     rewards = [e for e in state["log_history"] if "reward" in e]
     assert [e["step"] for e in rewards] == [1, 2, 3, 4]  # the rewards still log in their own entries
+
+
+def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run, capsys):
+    folder, _ = smoke_run
+    evaluations = folder / "outputs" / "smoke-GRPO" / "eval"
+    for protocol, name in (("recipe", ""), ("kshot", "-kshot"), ("chat", "-chat")):
+        for base in ("baseline", "final"):
+            summary = json.loads((evaluations / f"{base}{name}" / "summary.json").read_text())
+            assert summary["protocol"] == protocol and summary["n"] == 32
+            assert set(summary["sampling"]["strict"]) == {"pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"}
+            assert summary["sampling"]["temperature"] == 0.9  # the training temperature
+            lines = (evaluations / f"{base}{name}" / "completions.jsonl").read_text().splitlines()
+            assert all(len(json.loads(line)["samples"]) == 4 for line in lines)
+        comparison = json.loads((evaluations / f"comparison{name}.json").read_text())
+        paired = comparison["paired"]["strict"]
+        assert paired["gained"] == len(comparison["paired"]["flipped"]["gained"])
+        assert 0 <= paired["p_value"] <= 1 and paired["verdict"]
+    kshot = json.loads((evaluations / "baseline-kshot" / "summary.json").read_text())
+    assert kshot["protocol_details"]["shots"] == 3 and kshot["format_rate"] is None
 
 
 def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):

@@ -20,6 +20,9 @@ CORRECT, FORM = health.reward_roles(grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FOR
 RECIPE = {  # the recipe's values of the settings the remedies name
     "max_completion_length": 786,
     "num_generations": 16,
+    "gradient_accumulation_steps": 4,
+    "steps_per_generation": 4,
+    "loss_type": "dapo",
     "temperature": 0.9,
     "learning_rate": 5e-6,
     "beta": 0.0,
@@ -82,25 +85,36 @@ def test_the_rewards_are_told_apart_by_what_they_judge():
     ("check", "changes", "fired_at", "remedy"),
     [
         ("truncation", {"completions__clipped_ratio": 0.7}, 3, "raise --max_completion_length (e.g. 1572)"),
-        ("no_signal", {"frac_reward_zero_std": 1.0, CORRECTNESS: 0.2}, 5, "--num_generations (now 16, e.g. 32"),
-        ("format_only", {CORRECTNESS: 0.1}, 10, "raise --num_generations (now 16, e.g. 32)"),
+        (
+            "no_signal",
+            {"frac_reward_zero_std": 1.0, CORRECTNESS: 0.2},
+            5,
+            "--num_generations 32 --gradient_accumulation_steps 8 (now 16 and 4) or --temperature 1.1 (now 0.9)",
+        ),
+        ("format_only", {CORRECTNESS: 0.1}, 10, "--num_generations 32 --gradient_accumulation_steps 8 (now 16 and 4)"),
         (
             "length_runaway",
-            {"completions__mean_length": lambda s: 200.0 if s <= 10 else 300.0},
-            20,
+            {"completions__mean_length": lambda s: 200.0 if s <= 50 else 300.0},
+            100,
             "--mask_truncated_completions true",
         ),
         (
             "entropy_collapse",
             {"entropy": lambda s: 0.4 if s <= 5 else 0.02},
             10,
-            "raise --temperature (now 0.9, e.g. 1.1) or lower --learning_rate (now 5e-06, e.g. 2.5e-06)",
+            "--learning_rate 2.5e-06 (now 5e-06), --temperature 1.1 (now 0.9); --beta 0.04",
         ),
-        ("not_finite", {"loss": lambda s: math.nan if s == 7 else 0.002}, 7, "lower --learning_rate (now 5e-06"),
+        (
+            "not_finite",
+            {"loss": lambda s: math.nan if s == 7 else 0.002},
+            7,
+            "a new run with --learning_rate 5e-07 (now 5e-06)",
+        ),
+        ("not_finite", {"rewards__int_reward_func__mean": lambda s: None if s == 9 else 0.45}, 9, "returns NaN"),
     ],
 )
 def test_each_condition_held_long_enough_is_said_once_with_its_remedy(check, changes, fired_at, remedy):
-    watcher, findings, marks = run(30, **changes)
+    watcher, findings, marks = run(120, **changes)
     assert [(f["check"], f["step"]) for f in findings] == [(check, fired_at)]
     assert remedy in findings[0]["change"]
     # The metric per check: 1 on the steps where it holds, 0 elsewhere, the other checks 0 throughout.
@@ -122,12 +136,12 @@ def test_a_finding_names_the_metric_and_its_values_over_the_window():
         {"frac_reward_zero_std": lambda s: 1.0 if s % 5 else 0.5},  # four of five, never five running
         {"entropy": lambda s: 0.4 if s % 5 else 0.01},  # single dips
         {"loss": lambda s: -0.3 if s % 2 else 0.3},  # a loss of either sign, far from 0
-        {"completions__mean_length": lambda s: 100.0 + 10 * s, CORRECTNESS: lambda s: min(2.0, 0.05 * s)},
+        {"completions__mean_length": lambda s: 100.0 + 5 * s, CORRECTNESS: lambda s: min(1.9, 0.02 * s)},
     ],
     ids=["truncated-spikes", "no-signal-spikes", "entropy-dips", "loss-swings", "longer-and-better"],
 )
 def test_noise_and_healthy_change_make_no_finding(changes):
-    assert run(60, **changes)[1] == []
+    assert run(120, **changes)[1] == []
 
 
 def test_the_demos_real_log_is_healthy():
@@ -140,6 +154,17 @@ def test_the_demos_real_log_is_healthy():
     assert watcher.findings == []
 
 
+def test_remedies_keep_the_temperature_sane_and_name_kl_only_where_it_is_off():
+    hot = {**RECIPE, "temperature": 1.2, "beta": 0.04}
+    _, findings, _ = run(12, settings=hot, entropy=lambda s: 0.4 if s <= 5 else 0.02, frac_reward_zero_std=1.0)
+    changes = {f["check"]: f["change"] for f in findings}
+    assert "--temperature" not in changes["no_signal"] and "--temperature" not in changes["entropy_collapse"]
+    assert "--beta" not in changes["entropy_collapse"]
+    warm = {**RECIPE, "temperature": 1.1}
+    _, findings, _ = run(6, settings=warm, frac_reward_zero_std=1.0)
+    assert "--temperature 1.2 (now 1.1)" in findings[0]["change"]
+
+
 def test_groups_that_all_solve_the_problem_say_so():
     _, findings, _ = run(10, frac_reward_zero_std=1.0, **{CORRECTNESS: 1.96})
     assert [f["check"] for f in findings] == ["no_signal"]
@@ -148,19 +173,29 @@ def test_groups_that_all_solve_the_problem_say_so():
 
 def test_non_finite_values_stop_only_for_the_loss_and_gradient_norm():
     watcher = health.Watcher(RECIPE, CORRECT, FORM)
-    for step, change, stops in [(1, {}, False), (2, {"reward": math.inf}, False), (3, {"grad_norm": math.nan}, True)]:
+    for step, change, stops in [(1, {}, False), (2, {"reward": None}, False), (3, {"grad_norm": math.nan}, True)]:
         entry = {**healthy(step), **change}
         watcher.observe(entry)
         assert watcher.stops(entry) is stops
     assert [(f["check"], f["step"]) for f in watcher.findings] == [("not_finite", 2)]  # said once
+    assert "reward None at this step (TRL logs a reward as None" in watcher.findings[0]["what"]
     assert health.Watcher(RECIPE, CORRECT, FORM, off=["not_finite"]).stops(entry) is False
+
+
+def test_under_fp16s_gradient_scaler_only_the_loss_counts():
+    """fp16's scaler makes infinite gradients on purpose while it finds its scale, and skips those steps itself."""
+    watcher = health.Watcher(RECIPE, CORRECT, FORM, scaled=True)
+    entry = {**healthy(1), "grad_norm": math.inf}
+    watcher.observe(entry)
+    assert not watcher.stops(entry) and watcher.findings == []
+    assert watcher.stops({**healthy(2), "loss": math.nan})
 
 
 def test_missing_renamed_or_odd_metrics_raise_nothing():
     watcher = health.Watcher(RECIPE, CORRECT, FORM)
     entries = [
         {"step": 1, "loss": 0.0},  # an older TRL: nothing else logged
-        {"step": 2, "loss": 0.0, "reward": None, "entropy": "n/a", "completions/clipped_ratio": True},
+        {"step": 2, "loss": 0.0, "entropy": "n/a", "completions/clipped_ratio": True, "frac_reward_zero_std": [1]},
         {"step": 3, "train/loss": 0.1, "train/reward": 2.0},  # another naming: not a training entry here
         {"step": 3, "eval_accuracy_strict": 0.5},  # an evaluation
         {},
@@ -185,7 +220,9 @@ def test_checks_can_be_turned_off():
     [
         ({}, "stays near 0", "KL to the start model"),
         ({"beta": 0.04}, "beta 0.04: the loss holds beta x KL", "stays near 0"),
-        ({"num_iterations": 2}, "num_iterations 2: later passes", "stays near 0"),
+        ({"num_iterations": 2}, "Several optimizer steps per generation batch", "stays near 0"),
+        ({"steps_per_generation": 8}, "Several optimizer steps per generation batch", "stays near 0"),
+        ({"loss_type": "grpo"}, "stays near 0 and says nothing", "its sign says"),
     ],
 )
 def test_the_first_loss_is_explained_for_the_configuration(settings, says, not_says):
@@ -202,7 +239,7 @@ def fake_trainer(tmp_path: Path, callbacks: list | None = None):
     callbacks = [] if callbacks is None else callbacks
     return SimpleNamespace(
         accelerator=SimpleNamespace(is_main_process=True, device=torch.device("cpu"), wait_for_everyone=lambda: None),
-        args=SimpleNamespace(output_dir=str(tmp_path), **RECIPE),
+        args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=3, **RECIPE),
         callback_handler=SimpleNamespace(callbacks=callbacks),
         add_callback=callbacks.append,
     )
@@ -253,14 +290,15 @@ def test_a_resumed_run_keeps_its_findings_without_saying_them_again(tmp_path, ca
     assert "Training health" not in caplog.text  # neither the finding nor the first-step explanation again
 
 
-def nan_gradients_step(tmp_path, off=()):
-    """One optimizer step of a small model whose gradients are NaN, with the health callback as the trainer calls
-    it: (the callback, the control after the step, weights before, weights after)."""
+def nan_gradients_step(tmp_path, off=(), max_steps=10, log=True):
+    """One optimizer step (the 7th) of a small model whose gradients are NaN, with the health callback as the
+    trainer calls it: (the callback, the control after the step, weights before, weights after)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    callback = health.watch(fake_trainer(tmp_path), off, grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
-    state, control = TrainerState(global_step=6, max_steps=10), TrainerControl()
+    trainer = fake_trainer(tmp_path)
+    callback = health.watch(trainer, off, grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(global_step=6, max_steps=max_steps), TrainerControl()
     callback.on_train_begin(None, state, control)
     (model(torch.ones(3, 4)).sum() * math.nan).backward()
     before = [p.detach().clone() for p in model.parameters()]
@@ -268,7 +306,8 @@ def nan_gradients_step(tmp_path, off=()):
     optimizer.step()
     state.global_step += 1
     callback.on_step_end(None, state, control)
-    callback.on_log(None, state, control, logs={**healthy(7), "loss": math.nan, "grad_norm": math.nan})
+    if log:
+        callback.on_log(None, state, control, logs={**healthy(7), "loss": math.nan, "grad_norm": math.nan})
     return callback, control, before, list(model.parameters())
 
 
@@ -277,6 +316,8 @@ def test_non_finite_gradients_skip_the_update_save_and_stop(tmp_path, caplog):
     assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))  # the update was skipped
     assert control.should_save and control.should_training_stop  # these weights are saved: safe to resume
     assert callback.stopped["step"] == 7
+    assert callback.trainer.args.save_total_limit == 4  # the stop's checkpoint rotates no older one out
+    assert [(f["check"], f["step"]) for f in callback.watcher.findings] == [("not_finite", 7)]  # said once
     record = json.loads((tmp_path / health.FILE_NAME).read_text())
     assert record["status"] == "stopped" and record["stopped"]["saved"].startswith("checkpoint-7")
     with caplog.at_level(logging.ERROR, logger="grpo_demo"), pytest.raises(SystemExit) as stop:
@@ -313,3 +354,42 @@ def test_finite_gradients_are_left_alone(tmp_path):
     control = TrainerControl()
     callback.on_pre_optimizer_step(None, TrainerState(), control, model=model)
     assert all(p.grad is not None for p in model.parameters()) and callback.skipped_step is None
+
+
+def test_a_stop_at_a_step_that_is_not_logged_is_said_and_logged(tmp_path):
+    callback, control, _, _ = nan_gradients_step(tmp_path, log=False)
+    assert control.should_log  # the step's NaN loss and gradient norm reach the log and wandb
+    assert [(f["check"], f["step"]) for f in callback.watcher.findings] == [("not_finite", 7)]
+    assert "this step's update was skipped" in callback.watcher.findings[0]["what"]
+
+
+def test_non_finite_gradients_at_the_last_step_skip_it_and_finish(tmp_path):
+    """Nothing is left to resume: the run ends as planned, with the weights before the skipped update."""
+    callback, control, before, after = nan_gradients_step(tmp_path, max_steps=7)
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+    assert callback.stopped is None and not control.should_training_stop  # the trainer ends it: max_steps
+    assert [f["check"] for f in callback.watcher.findings] == ["not_finite"]
+    callback.exit_if_stopped()  # a finished run: no exit code 3
+
+
+def test_where_no_process_holds_gradients_every_step_is_logged_and_checked(tmp_path):
+    """DeepSpeed keeps its gradients inside its engine: `param.grad` is None everywhere."""
+    model = torch.nn.Linear(4, 2)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(global_step=0, max_steps=10), TrainerControl()
+    callback.on_pre_optimizer_step(None, state, control, model=model)
+    state.global_step = 1
+    callback.on_step_end(None, state, control)
+    assert control.should_log and callback.skipped_step is None
+
+
+def test_under_fp16_a_non_finite_loss_stops_and_saves_what_the_scaler_kept(tmp_path):
+    trainer = fake_trainer(tmp_path)
+    trainer.accelerator.scaler = object()  # fp16: a gradient scaler
+    callback = health.watch(trainer, [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(global_step=3, max_steps=10), TrainerControl(should_save=False)
+    callback.on_train_begin(None, state, control)
+    callback.on_log(None, state, control, logs={**healthy(3), "grad_norm": math.inf})  # the scaler's business
+    assert callback.stopped is None
+    callback.on_log(None, state, control, logs={**healthy(3), "loss": math.nan})
+    assert control.should_training_stop and control.should_save and callback.stopped["step"] == 3

@@ -142,3 +142,20 @@ def test_health_findings_are_marked_at_their_steps(tmp_path):
     assert not any(
         t.get_text() == "truncation" for ax in plots.curves_figure(tmp_path / "healthy").axes for t in ax.texts
     )
+
+
+def test_a_reward_logged_as_none_is_a_gap_and_a_failed_drawing_never_ends_a_run(tmp_path, monkeypatch, caplog):
+    write_state(tmp_path, steps=20)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    state["log_history"][5][f"rewards/{REWARD_NAMES[0]}/mean"] = None  # TRL's mean of a reward NaN all step long
+    state["log_history"][6]["reward"] = math.nan
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    assert plots.moving_average([1.0, None, math.nan, 3.0], 2) == [1.0, 1.0, pytest.approx(math.nan, nan_ok=True), 3.0]
+    assert panels(plots.plot_curves(tmp_path)) == 2
+
+    def broken(*args, **kwargs):
+        raise ValueError("a font is missing")
+
+    monkeypatch.setattr(plots, "curves_figure", broken)
+    assert plots.plot_curves(tmp_path) is None
+    assert "No curves.png in" in caplog.text and "ValueError: a font is missing" in caplog.text

@@ -1,8 +1,9 @@
 """The recipe run as a user runs it: `python grpo_demo.py ...` in a subprocess, offline, in a fresh folder. Slow.
 
 One smoke run is shared by the checks of what a run leaves; then resuming after a kill, stopping on SIGTERM or
-Ctrl-C and resuming, two processes (stopping together too), LoRA and its merge, a copied recipe with `<think>` tags,
-and the messages a user without network gets.
+Ctrl-C and resuming, two processes (stopping together too), LoRA and its merge (on both tiny models), a copied recipe
+with `<think>` tags, the Llama swap (a smoke run, its resume, a copied recipe whose MODEL_NAME names Llama), and the
+messages a user without network gets.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +27,7 @@ from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import checks, evaluation, smoke, stopping
+from grpo_kit import checks, evaluation, folders, smoke, stopping
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -58,6 +60,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert base.keys() == trained.keys()
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
+    assert all(folders.written_by_a_run(path) for path in out.iterdir())  # a preset's next run may clear them all
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
@@ -366,7 +369,7 @@ def test_two_processes_train_one_run_and_evaluate_it_together(two_process_run):
     # One evaluation of each kind, of every test question, generated in two shares: the same completions as one
     # process generating them all from the saved weights.
     for name in ("baseline", "final"):  # the report's table header, printed once
-        assert len(re.findall(rf"GSM8K {name}: \S+, 32 questions", stdout)) == 1, name
+        assert len(re.findall(rf"GSM8K {name}: \S+, recipe protocol, 32 questions", stdout)) == 1, name
     final = json.loads((out / "eval" / "final" / "summary.json").read_text())
     assert (final["n"], final["processes"]) == (32, 2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -411,16 +414,21 @@ def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_sam
 # LoRA: train with --use_peft, merge with the documented command
 
 
-def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path):
+@pytest.mark.parametrize(
+    ("tiny_model", "architecture"), [("qwen2", "Qwen2ForCausalLM"), ("llama3", "LlamaForCausalLM")]
+)
+def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path, tiny_model, architecture):
+    """The same seven projections by name on both architectures, the same merge."""
     out, merged_dir = tmp_path / "outputs" / "lora", tmp_path / "outputs" / "lora-merged"
     r, alpha = 4, 16
     args = [
-        "--smoke", "--use_peft", "--lora_r", str(r), "--lora_alpha", str(alpha), "--output_dir", str(out),
-        "--max_steps", "3", "--save_steps", "3", "--weight_decay", "0", "--learning_rate", "1e-3",
+        "--smoke", "--tiny_model", tiny_model, "--use_peft", "--lora_r", str(r), "--lora_alpha", str(alpha),
+        "--output_dir", str(out), "--max_steps", "3", "--save_steps", "3", "--weight_decay", "0",
+        "--learning_rate", "1e-3",
     ]  # fmt: skip
     result = run_recipe(args, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
-    base_file = tmp_path / "outputs" / "smoke-assets" / "tiny-qwen2" / "model.safetensors"
+    base_file = tmp_path / "outputs" / "smoke-assets" / f"tiny-{tiny_model}" / "model.safetensors"
 
     # The run saved an adapter, not a model: LoRA A and B for every projection of both layers, nothing else.
     assert not (out / "model.safetensors").exists()
@@ -442,6 +450,7 @@ def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path):
         timeout=600,
     )
     assert merged_run.returncode == 0, merged_run.stderr[-4000:]
+    assert json.loads((merged_dir / "config.json").read_text())["architectures"] == [architecture]
     # Merged = base + (alpha / r) B A on the targeted projections; every other weight is the base's.
     base_weights, merged_weights = load_file(base_file), load_file(merged_dir / "model.safetensors")
     assert merged_weights.keys() == base_weights.keys()
@@ -501,6 +510,90 @@ def test_a_copied_recipe_with_think_tags_trains_evaluates_and_asks_in_its_own_fo
         "int_reward_func": [0.5, 0.5],  # reads only the answer block, whose tag is unchanged
         "correctness_reward_func": [2.0, 2.0],
     }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The Llama swap: a tiny Llama with Llama 3's chat conventions through the same runs
+
+
+@pytest.fixture(scope="module")
+def llama_smoke_run(tmp_path_factory):
+    """`python grpo_demo.py --smoke --tiny_model llama3` (weight decay 0: any change in the weights comes from the
+    rewards' gradient)."""
+    folder = tmp_path_factory.mktemp("llama-smoke-run")
+    result = run_recipe(["--smoke", "--tiny_model", "llama3", "--weight_decay", "0"], cwd=folder)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return folder, folder / "outputs" / "smoke-llama3-GRPO"
+
+
+def test_a_llama_smoke_run_trains_the_llama_model_in_folders_of_its_own(llama_smoke_run):
+    from transformers import AutoTokenizer
+
+    folder, out = llama_smoke_run
+    assets = folder / "outputs" / "smoke-assets"
+    assert sorted(p.name for p in assets.iterdir()) == ["gsm8k-generated", "tiny-llama3"]  # no Qwen2 model built
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["settings"]["model"]["model_name_or_path"] == "outputs/smoke-assets/tiny-llama3"
+    assert record["settings"]["training"]["run_name"] == "smoke-llama3-GRPO-generated"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    for step in (2, 4):
+        for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
+            assert (out / f"checkpoint-{step}" / name).is_file(), f"checkpoint-{step}/{name} missing"
+    steps = [e for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
+    base, trained = load_file(assets / "tiny-llama3" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert base.keys() == trained.keys()
+    assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
+    comparison = json.loads((out / "eval" / "comparison.json").read_text())
+    assert (comparison["baseline"]["n"], comparison["final"]["n"]) == (32, 32)
+    # The trained model keeps Llama 3's end tokens and pads with the token reserved for it.
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|end_of_text|>", "<|finetune_right_pad_id|>")
+    ends = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert tokenizer.convert_tokens_to_ids("<|eot_id|>") in ends
+
+
+def test_a_llama_run_resumed_from_its_checkpoint_ends_as_the_whole_run(llama_smoke_run):
+    """The smoke run cut after its step-2 checkpoint (its folder without what came later), then resumed."""
+    folder, whole = llama_smoke_run
+    cut = folder / "outputs" / "llama-cut"
+    cut.mkdir()
+    shutil.copytree(whole / "checkpoint-2", cut / "checkpoint-2")
+    shutil.copy(whole / "run_record.json", cut / "run_record.json")
+    args = ["--smoke", "--tiny_model", "llama3", "--weight_decay", "0", "--output_dir", "outputs/llama-cut"]
+    resumed = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=folder)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "Resuming from outputs/llama-cut/checkpoint-2" in resumed.stdout
+    assert logged_steps(resumed.stdout) == 2  # steps 3 and 4
+    state = {p.name: json.loads((p / "trainer_state.json").read_text()) for p in (whole, cut)}
+    assert state["llama-cut"]["global_step"] == state["smoke-llama3-GRPO"]["global_step"] == 4
+    for name, tensor in load_file(whole / "model.safetensors").items():
+        torch.testing.assert_close(load_file(cut / "model.safetensors")[name], tensor, rtol=1e-4, atol=1e-6)
+
+
+def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tmp_path, tiny_llama_dir, gsm8k_dir):
+    """A user copies grpo_demo.py and sets MODEL_NAME to Llama-3.2-1B-Instruct: here a local folder of that name that
+    holds the tiny Llama (nothing is downloaded). The copy trains that model, in outputs/Llama-1B-GRPO."""
+    model = shutil.copytree(tiny_llama_dir, tmp_path / "models" / "Llama-3.2-1B-Instruct")
+    source = (ROOT / "grpo_demo.py").read_text(encoding="utf-8")
+    line = 'MODEL_NAME = "Qwen/Qwen2.5-1.5B-Instruct"'
+    assert source.count(line) == 1
+    copy = tmp_path / "my_recipe.py"
+    copy.write_text(source.replace(line, f'MODEL_NAME = "{model}"'), encoding="utf-8")
+    args = [
+        "--dataset", str(gsm8k_dir), "--report_to", "none", "--max_steps", "1", "--num_generations", "4",
+        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_completion_length", "16",
+        "--eval_limit", "8", "--eval_every_steps", "0",
+    ]  # fmt: skip
+    result = run_recipe(args, tmp_path, copy)
+    assert result.returncode == 0, result.stdout[-4000:]
+    out = tmp_path / "outputs" / "Llama-1B-GRPO"
+    record = json.loads((out / "run_record.json").read_text())
+    assert record["settings"]["model"]["model_name_or_path"] == str(model)
+    assert record["settings"]["training"]["run_name"] == "Llama-1B-GRPO-gsm8k"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((out / "eval" / "final" / "summary.json").read_text())["n"] == 8
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
     assert set(model_args.lora_target_modules) == TARGETS
     assert args.trust_remote_code is False
     assert run.health_checks_off == [] and args.logging_nan_inf_filter is False  # every check on, a NaN logged as NaN
+    assert (run.eval_protocols, run.eval_shots, run.eval_samples, run.eval_temperature) == (["recipe"], 8, 0, None)
 
 
 @pytest.mark.parametrize(
@@ -108,6 +109,44 @@ def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
     chosen = resolved(["--smoke", "--output_dir", "elsewhere", "--run_name", "mine"])
     assert (chosen.output_dir, chosen.run_name) == ("elsewhere", "mine")
     assert resolved(["--smoke"]).output_dir == "outputs/smoke-GRPO"  # the preset's own folder otherwise
+
+
+@pytest.mark.parametrize(
+    ("argv", "model", "output_dir", "run_name"),
+    [
+        (["--smoke"], "outputs/smoke-assets/tiny-qwen2", "outputs/smoke-GRPO", "smoke-GRPO-generated"),
+        (
+            ["--smoke", "--tiny_model", "llama3"],
+            "outputs/smoke-assets/tiny-llama3",
+            "outputs/smoke-llama3-GRPO",
+            "smoke-llama3-GRPO-generated",
+        ),
+        (["--demo"], "outputs/demo-assets/warm-qwen2", "outputs/demo-GRPO", "demo-GRPO-generated"),
+        (
+            ["--demo", "--tiny_model", "llama3"],
+            "outputs/demo-assets/warm-llama3",
+            "outputs/demo-llama3-GRPO",
+            "demo-llama3-GRPO-generated",
+        ),
+    ],
+)
+def test_a_presets_model_folders_and_names_follow_its_tiny_model(argv, model, output_dir, run_name):
+    chosen = resolved(argv)
+    assert (chosen.model_name_or_path, chosen.output_dir, chosen.run_name) == (model, output_dir, run_name)
+
+
+def test_the_tiny_model_is_checked_and_named_in_yaml_too(tmp_path, caplog):
+    assert "invalid choice: 'llama' (choose from 'qwen2', 'llama3')" in refused(["--smoke", "--tiny_model", "llama"])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("demo: true\ntiny_model: llama3\n")
+    assert resolved(["--config", str(recipe)]).model_name_or_path == "outputs/demo-assets/warm-llama3"
+    recipe.write_text("demo: true\ntiny_model: Llama-3\n")
+    assert "invalid choice: 'Llama-3'" in refused(["--config", str(recipe)])
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        resolved(["--tiny_model", "llama3"])
+    assert "tiny_model=llama3 chooses the model of --smoke and --demo only: this run trains Qwen/Qwen2.5-1.5B" in (
+        caplog.text
+    )
 
 
 @pytest.mark.parametrize(
@@ -214,6 +253,10 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--num_train_epochs", "0"], "max_steps=-1, num_train_epochs=0.0: this run would train nothing"),
         (["--output_dir", ""], "output_dir is empty: name a folder"),
         (["--health_checks_off", "truncation", "entropy"], "health_checks_off: entropy: no such check"),
+        (["--eval_protocols", "recipe", "lm-eval"], "eval_protocols: lm-eval: no such protocol (the protocols: recipe"),
+        (["--eval_shots", "0"], "eval_shots=0: the kshot protocol shows 1 to 32 worked examples"),
+        (["--eval_samples", "-1"], "eval_samples=-1: 0 (greedy only) or the samples per question"),
+        (["--eval_temperature", "0"], "eval_temperature=0.0: sampling needs a positive temperature"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
+import grpo_demo
 from grpo_kit import evaluation, stopping
 
 
@@ -111,7 +112,7 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
 
     trainer = fake_trainer(TrainerState())
     accuracy = evaluation.AccuracyCallback(
-        trainer, [], None, before_and_after=False, every_steps=5, subset=8, batch_size=8, limit=None
+        trainer, [], grpo_demo.ANSWER_FORMAT, before_and_after=False, every_steps=5, subset=8, batch_size=8, limit=None
     )
     monkeypatch.setattr(accuracy, "measure", measure)
     args, state = SimpleNamespace(output_dir="run"), TrainerState(global_step=5, max_steps=10)

@@ -1,0 +1,300 @@
+"""Accuracy numbers people can compare: the evaluation protocols, pass@k and maj@k from samples drawn off one prefill,
+95 % intervals and the paired test, each against hand-computed or textbook values."""
+
+from __future__ import annotations
+
+import sys
+import types
+from fractions import Fraction
+
+import pytest
+import torch
+
+import grpo_demo
+from grpo_kit import evaluation, generation, protocols, scoring, smoke, stats
+
+FMT = grpo_demo.ANSWER_FORMAT
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """(train, test) rows in the recipe's shape, solutions included, from generated GSM8K-format problems."""
+
+    def shaped(problems):
+        return [
+            {
+                "question": p["question"],
+                "answer": grpo_demo.extract_hash_answer(p["answer"]),
+                "solution": p["answer"],
+                "prompt": grpo_demo.chat_prompt(p["question"]),
+            }
+            for p in problems
+        ]
+
+    return shaped(smoke.make_problems(64, seed=1)), shaped(smoke.make_problems(16, seed=2))
+
+
+@pytest.fixture(scope="module")
+def lively(tiny):
+    """(tokenizer, model): the tiny model with large random weights, so that what it writes depends on every token
+    and position of the prompt (the smoke model's small ones write the same token whatever it is shown)."""
+    import copy
+
+    tokenizer, model = tiny
+    model = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return tokenizer, model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Protocols
+
+
+def test_kshot_prompts_show_train_solutions_never_the_test_question_and_the_same_every_run(rows):
+    train, test = rows
+    # A train row that repeats a test question must not be shown as an example: with 8 of 9 rows drawn, it would be.
+    train = [*train[:8], {**train[8], "question": test[0]["question"]}]
+    kshot = protocols.build("kshot", FMT, train_rows=train, test_questions={r["question"] for r in test}, shots=8)
+    again = protocols.build("kshot", FMT, train_rows=list(train), test_questions={r["question"] for r in test}, shots=8)
+    test_questions = {r["question"] for r in test}
+    for row in test:
+        messages = kshot.prompt(row["question"])
+        assert messages == again.prompt(row["question"])  # identical across runs with the same seed
+        assert len(messages) == 2 * 8 + 1 and [m["role"] for m in messages[:2]] == ["user", "assistant"]
+        assert messages[-1] == {"role": "user", "content": row["question"]}
+        shown = [m["content"] for m in messages[:-1]]
+        assert not any(q in text for text in shown for q in test_questions)  # no test question, anywhere
+        assert all(m["content"].rstrip().split("####")[-1].strip().isdigit() for m in messages[1:-1:2])
+        assert not any(m["role"] == "system" for m in messages)  # no recipe format
+    assert kshot.details == {"shots": 8, "seed": 0, "exemplars_sha256": again.details["exemplars_sha256"]}
+    other = protocols.build("kshot", FMT, train_rows=train, test_questions=test_questions, shots=8, seed=1)
+    assert other.details["exemplars_sha256"] != kshot.details["exemplars_sha256"]
+
+
+def test_kshot_with_too_few_train_solutions_says_so(rows):
+    with pytest.raises(ValueError, match="k-shot needs 8 train rows with solutions, and there are 3"):
+        protocols.build("kshot", FMT, train_rows=rows[0][:3], shots=8)
+
+
+@pytest.mark.parametrize(
+    ("name", "completion", "gold", "strict", "lenient"),
+    [
+        ("kshot", "She has 5 + 3 = <<5+3=8>>8.\n#### 8", "8", True, True),
+        ("kshot", "#### 1,080\nQuestion: 7", "1080", True, False),  # strict after ####; flexible: the last number
+        ("kshot", "5 + 3 = 8", "8", False, True),  # no ####: flexible only
+        ("chat", "So the answer is $\\boxed{18}$.", "18", True, True),
+        ("chat", "\\boxed{\\frac{36}{2}} is 18 then 7", "7", False, False),  # the boxed answer wins over later numbers
+        ("chat", "She pays 18 dollars.", "18", False, True),  # no box: the last number
+        ("chat", "\\boxed{12", "12", False, True),  # an unclosed box is none
+        ("recipe", "<reasoning>\n3 + 4\n</reasoning>\n<answer>\n7\n</answer>", "7", True, True),
+        ("recipe", "The answer is 7", "7", False, True),
+    ],
+)
+def test_each_protocol_reads_its_own_answer_form(name, completion, gold, strict, lenient, rows):
+    protocol = protocols.build(name, FMT, train_rows=rows[0], shots=2)
+    scored = scoring.score(completion, gold, FMT, protocol)
+    assert (scored["correct_strict"], scored["correct_lenient"]) == (strict, lenient)
+    judged = scored["format_strict"] is not None
+    assert judged == (name == "recipe")  # the format is the recipe's question only
+
+
+def test_chat_asks_the_question_alone_and_recipe_asks_in_its_format():
+    question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"
+    assert protocols.build("chat", FMT).prompt(question) == [{"role": "user", "content": question}]
+    assert protocols.build("recipe", FMT).prompt(question) == grpo_demo.chat_prompt(question)
+    with pytest.raises(ValueError, match="no evaluation protocol 'lm-eval'"):
+        protocols.build("lm-eval", FMT)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics, against hand-computed and textbook values
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 0, 5, 0.0),  # n = k, none correct
+        (5, 1, 5, 1.0),  # n = k, one correct: it is always drawn
+        (5, 2, 2, 0.7),  # 1 - C(3, 2) / C(5, 2) = 1 - 3/10
+        (10, 3, 1, 0.3),  # pass@1 is the share correct
+        (4, 4, 3, 1.0),
+        (16, 1, 4, 0.25),  # 1 - C(15, 4) / C(16, 4) = 4/16
+    ],
+)
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    assert stats.pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_refuses_more_draws_than_samples():
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        stats.pass_at_k(4, 1, 5)
+
+
+def test_majority_counts_votes_and_breaks_ties_by_the_first_sampled():
+    assert stats.majority([Fraction(3), None, Fraction(5), Fraction(5)]) == 5
+    assert stats.majority([Fraction(5), Fraction(3), Fraction(3), Fraction(5)]) == 5  # 2-2: 5 came first
+    assert stats.majority([None, Fraction(3), Fraction(5)]) == 3  # 1-1: 3 came first; no answer does not vote
+    assert stats.majority([None, None]) is None
+    assert stats.ks_for(8) == [1, 2, 4, 8] and stats.ks_for(6) == [1, 2, 4, 6] and stats.ks_for(1) == [1]
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "low", "high"),
+    [  # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (Wilson score, no continuity correction)
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
+def test_wilson_intervals_match_the_textbook(successes, n, low, high):
+    assert stats.wilson(successes, n) == pytest.approx((low, high), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("gained", "lost", "p"),
+    [
+        (9, 1, 22 / 1024),  # 2 x P(X <= 1), X ~ B(10, 1/2) = 2 x 11/1024
+        (5, 5, 1.0),
+        (0, 0, 1.0),  # nothing changed
+        (6, 0, 2 / 64),
+        (3, 12, 2 * (1 + 15 + 105 + 455) / 2**15),
+    ],
+)
+def test_exact_mcnemar_against_hand_computed_binomials(gained, lost, p):
+    assert stats.mcnemar_exact(gained, lost) == pytest.approx(p)
+
+
+def test_the_paired_comparison_lists_the_questions_that_flipped():
+    before = [True, True, False, False, True, False]
+    after = [True, False, True, True, True, True]
+    result = stats.paired(before, after)
+    assert (result["gained"], result["lost"]) == ([2, 3, 5], [1])
+    assert result["p_value"] == pytest.approx(2 * (1 + 4) / 16)
+    assert result["verdict"] == "within chance (p >= 0.05)"
+    assert stats.paired([False] * 20, [True] * 20)["verdict"] == "a rise larger than chance (p < 0.05)"
+    assert stats.paired([True] * 3, [True] * 3)["verdict"] == "no question changed"
+
+
+def test_sampling_summary_of_hand_made_samples():
+    def sample(answer, correct):
+        return {
+            "answer_strict": answer,
+            "answer_lenient": answer,
+            "correct_strict": correct,
+            "correct_lenient": correct,
+        }
+
+    records = [
+        {"gold": "7", "samples": [sample("7", True), sample("3", False), sample("3", False), sample("7", True)]},
+        {"gold": "2", "samples": [sample(None, False), sample(None, False), sample("2", True), sample("5", False)]},
+    ]
+    summary = scoring.summarize_samples(records, 4, 0.9)
+    strict = summary["strict"]
+    assert strict["pass@1"]["value"] == pytest.approx((0.5 + 0.25) / 2)
+    assert strict["pass@4"]["value"] == 1.0
+    assert strict["pass@2"]["value"] == pytest.approx((1 - 1 / 6 + 1 - 3 / 6) / 2)  # C(2,2)/C(4,2), C(3,2)/C(4,2)
+    assert strict["maj@1"]["value"] == 0.5  # 7: right; no answer: wrong
+    assert strict["maj@2"]["value"] == 0.5  # 7 vs 3, a tie: 7 came first, right; no answers: wrong
+    assert strict["maj@4"]["value"] == 1.0  # 7 vs 3: 7 first; 2 vs 5: 2 first; both right
+    assert strict["maj@4"]["interval"] == pytest.approx(list(stats.wilson(2, 2)))
+    assert summary["samples"] == 4 and summary["temperature"] == 0.9
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling: n continuations from one prefill
+
+
+def test_samples_come_from_one_prefill_per_prompt_and_match_greedy_when_cold(lively, rows):
+    tokenizer, model = lively
+    prompts = [r["prompt"] for r in rows[1][:5]]
+    calls = []
+
+    def count(module, args, kwargs):  # a hook: replacing `forward` would hide its signature from `generate`
+        calls.append(tuple(kwargs["input_ids"].shape))
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        cold = generation.generate_samples(model, tokenizer, prompts, 3, 1e-6, 12, batch_size=6, seed=0)
+    finally:
+        hook.remove()
+    prefills = [shape for shape in calls if shape[1] > 1]  # a whole prompt at once; decoding feeds one token
+    assert [rows_ for rows_, _ in prefills] == [2, 2, 1]  # 5 prompts, 6 // 3 = 2 per batch, each prefilled once
+    assert len(cold) == 5 and all(len(samples) == 3 for samples in cold)
+    greedy = generation.generate_greedy(model, tokenizer, prompts, 12, batch_size=8)
+    assert len({g.text for g in greedy}) == 5  # five different completions of prompts of different lengths...
+    assert [[s.text for s in samples] for samples in cold] == [[g.text] * 3 for g in greedy]  # ...each continued alike
+
+
+def test_sampling_is_seeded_and_leaves_the_training_random_state_alone(lively, rows):
+    tokenizer, model = lively
+    prompts = [r["prompt"] for r in rows[1][:4]]
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    first = generation.generate_samples(model, tokenizer, prompts, 4, 1.0, 10, batch_size=8, seed=7)
+    assert torch.equal(torch.rand(3), expected_next)  # training draws what it would have drawn
+    second = generation.generate_samples(model, tokenizer, prompts, 4, 1.0, 10, batch_size=8, seed=7)
+    assert [[g.text for g in s] for s in first] == [[g.text for g in s] for s in second]
+    assert len({g.text for s in first for g in s}) > 1  # a random model at temperature 1: samples differ
+
+
+def test_evaluate_with_samples_reports_pass_and_maj_beside_greedy(tiny, rows):
+    tokenizer, model = tiny
+    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=2)
+    summary, records = evaluation.evaluate(
+        model,
+        tokenizer,
+        rows[1][:6],
+        FMT,
+        max_new_tokens=8,
+        batch_size=8,
+        model_name="tiny",
+        protocol=kshot,
+        samples=4,
+        temperature=1.0,
+        seed=0,
+    )
+    assert summary["protocol"] == "kshot" and summary["protocol_details"]["shots"] == 2
+    assert summary["format_rate"] is None  # not a question this protocol asks
+    assert set(summary["sampling"]["strict"]) == {"pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"}
+    assert all(len(r["samples"]) == 4 and "correct_strict" in r["samples"][0] for r in records)
+    expected = sum(sum(s["correct_lenient"] for s in r["samples"]) / 4 for r in records) / 6
+    assert summary["sampling"]["lenient"]["pass@1"]["value"] == pytest.approx(expected)
+
+
+def test_the_vllm_path_serves_every_protocol_and_samples(monkeypatch, tiny, rows):
+    """vLLM is not installed here: a stand-in records what the recipe hands it (token ids, sampling parameters)."""
+    tokenizer, _ = tiny
+    handed = []
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    class LLM:
+        def generate(self, requests, params):
+            handed.append((requests, params.kwargs))
+            n = params.kwargs.get("n", 1)
+            out = types.SimpleNamespace(text="#### 7", token_ids=[1, 2], finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[out] * n) for _ in requests]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=2)
+    prompts = [kshot.prompt(r["question"]) for r in rows[1][:3]]
+    greedy, sampled = generation.generate_vllm(LLM(), tokenizer, prompts, 64, samples=5, temperature=0.7, seed=3)
+    (greedy_requests, greedy_params), (sample_requests, sample_params) = handed
+    assert (
+        greedy_requests
+        == sample_requests
+        == [{"prompt_token_ids": ids} for ids in generation.prompt_ids(tokenizer, prompts)]
+    )
+    stop = {"max_tokens": 64, "stop_token_ids": [tokenizer.eos_token_id]}  # the tokenizer's end of a turn
+    assert greedy_params == {"temperature": 0, **stop}
+    assert sample_params == {"n": 5, "temperature": 0.7, "top_p": 1.0, "seed": 3, **stop}  # one request each
+    assert len(greedy) == 3 and [len(s) for s in sampled] == [5, 5, 5]
+    assert greedy[0] == generation.Generation("#### 7", 2, False)
