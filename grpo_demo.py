@@ -6,6 +6,7 @@
     python grpo_demo.py --demo                            # offline, ~2 min on CPU: watch GRPO raise accuracy
     python grpo_demo.py --dataset ../gsm8k --max_steps 50 # a local GSM8K copy, a short run
     python grpo_demo.py --config my_recipe.yaml           # any GRPOConfig / ModelConfig field, as YAML
+    sbatch slurm/grpo.sbatch                              # Slurm: one node serves vLLM, the others train
 
 Every setting below is a default: any GRPOConfig or ModelConfig field can be overridden on the command line
 (`--learning_rate 1e-6`) or in a YAML file (`--config`), command line winning.
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
     from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
+    from grpo_kit.stopping import exit_if_stopped, on_signals
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
@@ -374,16 +376,21 @@ def main(argv: list[str] | None = None) -> None:
     watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
-    # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if not watcher.stopped:  # stopped on non-finite gradients: its checkpoint holds the weights, not a final model
-        trainer.save_model(training_args.output_dir)
-        logger.info("Model saved to %s", training_args.output_dir)
-    trainer.save_state()
-    if trainer.accelerator.is_main_process:
-        plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
-    tracking.finish(trainer)
-    watcher.exit_if_stopped()  # exit code 3, saying how to go on
+    # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1
+    # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
+    with on_signals(trainer) as signals:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        if not (watcher.stopped or signals.stopped):  # a stopped run's checkpoint holds its weights: no final model
+            trainer.save_model(training_args.output_dir)
+            logger.info("Model saved to %s", training_args.output_dir)
+        trainer.save_state()
+        if trainer.accelerator.is_main_process:
+            plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
+        # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
+        # one may still be writing the state and curves.
+        trainer.accelerator.wait_for_everyone()
+        tracking.finish(trainer)  # the trackers, and the processes' group
+        exit_if_stopped(watcher, signals)  # exit 3 (not finite), 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C): how to go on
 
 
 if __name__ == "__main__":

@@ -283,6 +283,8 @@ class AccuracyCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.every_steps <= 0 or state.global_step % self.every_steps:
             return
+        if control.should_training_stop and state.global_step < state.max_steps:
+            return  # stopping early (grpo_kit/stopping.py): the checkpoint first, as a scheduler's grace is short
         summary, _ = self.measure(self.subset, args.output_dir, f"accuracy at step {state.global_step}")
         logger.info(
             "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions",
@@ -301,7 +303,7 @@ class AccuracyCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not self.before_and_after:
             return
-        if state.global_step < state.max_steps:  # stopped early (health checks): "final" measures a finished run
+        if state.global_step < state.max_steps:  # stopped early (stopping.py): "final" measures a finished run
             logger.info("Stopped at step %d of %d: no final evaluation", state.global_step, state.max_steps)
             return
         self.report("final", args.output_dir)

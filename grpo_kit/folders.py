@@ -70,16 +70,25 @@ def _alive(pid: int, started: str | None) -> bool:
     return started is None or _started(pid) in (None, started)  # a reused pid is another process
 
 
+def _slurm_run() -> dict:
+    """The Slurm job this process runs in and how often it was requeued (Slurm sets SLURM_RESTART_COUNT from the first
+    requeue on); empty outside Slurm."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return {"slurm_job": job, "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)} if job else {}
+
+
 def claim(output_dir: str | Path) -> Path:
-    """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host. A lock
-    whose process is gone (a killed run) is taken over, saying so; a live one stops this run with a message."""
+    """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host (and Slurm
+    job). A lock whose process is gone (a killed run), or left by an earlier run of this requeued Slurm job (which
+    may have run on another machine: Slurm ends one run of a job before it starts the next), is taken over, saying
+    so; a live one stops this run with a message."""
     folder = Path(output_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         sys.exit(f"output_dir={output_dir}: cannot be made ({err.strerror}): choose another --output_dir")
     path = folder / LOCK_NAME
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid())}
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid()), **_slurm_run()}
     while True:
         try:
             with path.open("x", encoding="utf-8") as f:
@@ -95,6 +104,11 @@ def claim(output_dir: str | Path) -> Path:
                 return path  # this process holds it already
             if isinstance(holder.get("pid"), int) and same_host and not _alive(holder["pid"], holder.get("started")):
                 logger.warning("Taking over %s: its run (pid %d) is gone", path, holder["pid"])
+                path.unlink(missing_ok=True)
+                continue
+            job = me.get("slurm_job")
+            if job and holder.get("slurm_job") == job and (holder.get("slurm_restart") or 0) < me["slurm_restart"]:
+                logger.warning("Taking over %s: Slurm job %s held it before it was requeued", path, job)
                 path.unlink(missing_ok=True)
                 continue
             where = "" if same_host else f" on {holder.get('host')}"

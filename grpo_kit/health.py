@@ -36,10 +36,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
+
 logger = logging.getLogger("grpo_demo")
 
 FILE_NAME = "health.json"
-EXIT_NOT_FINITE = 3  # a run stopped on a non-finite loss or gradient: neither success (0) nor a crash (1)
 
 # Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1); a condition
 # must hold on every step of its window, so one noisy step never fires a check.
@@ -313,17 +314,20 @@ def loss_explanation(settings: dict, loss: float) -> str:
     return " ".join(lines)
 
 
-class HealthCallback(TrainerCallback):
+class HealthCallback(EarlyStop):
     """The watcher on a trainer: marks each log with `health/<check>`, says findings as they come, writes
-    `health.json`, and stops the run on non-finite gradients (see the module docstring)."""
+    `health.json`, and stops the run on non-finite gradients (see the module docstring; the stop is the one every
+    early stop takes, grpo_kit/stopping.py)."""
+
+    exit_code = EXIT_NOT_FINITE
+    level = logging.ERROR
 
     def __init__(self, trainer, watcher: Watcher):
-        self.trainer, self.watcher = trainer, watcher
-        self.main = trainer.accelerator.is_main_process
+        super().__init__(trainer)
+        self.watcher = watcher
         self.path = Path(trainer.args.output_dir) / FILE_NAME
         self.skipped_step: int | None = None  # the step whose update was skipped: its gradients were not finite
         self.seen_finite_step: int | None = None  # the last step whose gradients were seen, and finite
-        self.stopped: dict | None = None
         self.explained = False
         self.seconds, self.observed, self.started = 0.0, 0, time.perf_counter()
 
@@ -379,14 +383,14 @@ class HealthCallback(TrainerCallback):
         control.should_log = True  # the step's loss and gradient norm, as they were
         if last:  # the run ends here anyway, with the weights before this update: a finished model
             return
-        control.should_save = True  # the weights before this step's update: safe to resume from
-        control.should_training_stop = True
         self._keep_older_checkpoints()
-        self.stopped = {
-            "step": step,
-            "reason": "the gradients are not finite",
-            "saved": f"checkpoint-{step}, holding the weights before this step's update",
-        }
+        self.stop_here(  # the weights before this step's update: safe to resume from
+            state,
+            control,
+            reason="the gradients are not finite",
+            save=True,
+            saved=f"checkpoint-{step}, holding the weights before this step's update",
+        )
 
     def _keep_older_checkpoints(self) -> None:
         """The stop's checkpoint repeats the weights of the one before: it rotates no older one out."""
@@ -412,15 +416,15 @@ class HealthCallback(TrainerCallback):
         if self.stopped is None and not handled and self.watcher.stops(entry):
             # The gradients were not seen: the update went in, or (fp16) the scaler skipped it.
             scaler_skipped = self.watcher.scaled
-            control.should_save = scaler_skipped
-            control.should_training_stop = True
-            self.stopped = {
-                "step": state.global_step,
-                "reason": "the logged loss or gradient norm is not finite",
-                "saved": f"checkpoint-{state.global_step} (the gradient scaler skipped the update)"
+            self.stop_here(
+                state,
+                control,
+                reason="the logged loss or gradient norm is not finite",
+                save=scaler_skipped,
+                saved=f"checkpoint-{state.global_step} (the gradient scaler skipped the update)"
                 if scaler_skipped
                 else "nothing: this step's weights may not be finite; the newest checkpoint is the last good one",
-            }
+            )
             if scaler_skipped:
                 self._keep_older_checkpoints()
         if new or self.stopped:
@@ -472,19 +476,10 @@ class HealthCallback(TrainerCallback):
             lines.append(f"  stopped at step {stop['step']}: {stop['reason']}; saved {stop['saved']}")
         return "\n".join(lines)
 
-    def exit_if_stopped(self) -> None:
-        """End the process with `EXIT_NOT_FINITE` where the run was stopped, saying how to go on."""
-        if not self.stopped:
-            return
-        if self.main:
-            logger.error(
-                "Stopped at step %d: %s. Saved: %s. %s",
-                self.stopped["step"],
-                self.stopped["reason"],
-                self.stopped["saved"],
-                self.watcher.not_finite_remedy(),
-            )
-        raise SystemExit(EXIT_NOT_FINITE)
+    @property
+    def then(self) -> str:
+        """What to do next, said when the run stops (`EarlyStop.exit_if_stopped`)."""
+        return self.watcher.not_finite_remedy()
 
 
 class _EndOfRunLine(TrainerCallback):

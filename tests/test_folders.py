@@ -49,6 +49,25 @@ def test_a_lock_from_another_machine_names_its_file(tmp_path):
         folders.claim(tmp_path / "run")
 
 
+def test_a_lock_left_by_a_requeued_slurm_jobs_earlier_run_is_taken_over(tmp_path, monkeypatch, caplog):
+    """A preempted job requeued by Slurm may start on other machines; a run killed there left its lock."""
+    write_lock(tmp_path / "run", 1, host="node07")
+    lock = json.loads((tmp_path / "run" / folders.LOCK_NAME).read_text())
+    (tmp_path / "run" / folders.LOCK_NAME).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with pytest.raises(SystemExit, match="pid 1 on node07"):  # the same run of the job: another run beside it
+        folders.claim(tmp_path / "run")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        path = folders.claim(tmp_path / "run")
+    assert "Slurm job 4242 held it before it was requeued" in caplog.text
+    assert json.loads(path.read_text())["slurm_restart"] == 1
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job's lock is not this one's to take
+    (tmp_path / "run" / folders.LOCK_NAME).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
+    with pytest.raises(SystemExit, match="pid 1 on node07"):
+        folders.claim(tmp_path / "run")
+
+
 def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
     folder = tmp_path / "smoke-GRPO"
     folder.mkdir()

@@ -238,7 +238,7 @@ def test_the_first_loss_is_explained_for_the_configuration(settings, says, not_s
 def fake_trainer(tmp_path: Path, callbacks: list | None = None):
     callbacks = [] if callbacks is None else callbacks
     return SimpleNamespace(
-        accelerator=SimpleNamespace(is_main_process=True, device=torch.device("cpu")),
+        accelerator=SimpleNamespace(is_main_process=True, device=torch.device("cpu"), wait_for_everyone=lambda: None),
         args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=3, **RECIPE),
         callback_handler=SimpleNamespace(callbacks=callbacks),
         add_callback=callbacks.append,

@@ -1,8 +1,9 @@
 """The recipe run as a user runs it: `python grpo_demo.py ...` in a subprocess, offline, in a fresh folder. Slow.
 
-One smoke run is shared by the checks of what a run leaves; then resuming after a kill, two processes, LoRA and
-its merge (on both tiny models), a copied recipe with `<think>` tags, the Llama swap (a smoke run, its resume, a
-copied recipe whose MODEL_NAME names Llama), and the messages a user without network gets.
+One smoke run is shared by the checks of what a run leaves; then resuming after a kill, stopping on SIGTERM or
+Ctrl-C and resuming, two processes (stopping together too), LoRA and its merge (on both tiny models), a copied recipe
+with `<think>` tags, the Llama swap (a smoke run, its resume, a copied recipe whose MODEL_NAME names Llama), and the
+messages a user without network gets.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,7 +27,7 @@ from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import evaluation, folders, smoke
+from grpo_kit import checks, evaluation, folders, smoke, stopping
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -167,16 +169,28 @@ def logged_steps(stdout: str) -> int:
     return stdout.count("'learning_rate':")
 
 
-def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
-    whole = run_recipe([*RUN, "--output_dir", "outputs/whole"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """`RUN` uninterrupted, into outputs/whole: (its working folder, where the runs that stop and resume go too)."""
+    folder = tmp_path_factory.mktemp("resuming")
+    whole = run_recipe([*RUN, "--output_dir", "outputs/whole"], cwd=folder)
     assert whole.returncode == 0, whole.stdout[-3000:]
     assert logged_steps(whole.stdout) == 6
+    return folder
 
-    killed_dir = tmp_path / "outputs" / "killed"
+
+def assert_same_final_weights(run: Path, whole: Path) -> None:
+    whole_weights, resumed_weights = load_file(whole / "model.safetensors"), load_file(run / "model.safetensors")
+    for name, tensor in whole_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=1e-4, atol=1e-6)
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(whole_run):
+    killed_dir = whole_run / "outputs" / "killed"
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "grpo_demo.py"), *RUN, "--output_dir", "outputs/killed"],
-        cwd=tmp_path,
-        env=offline_env(tmp_path),
+        cwd=whole_run,
+        env=offline_env(whole_run),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -188,7 +202,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
     process.wait()
     assert not (killed_dir / "model.safetensors").exists()  # it really died mid-run
 
-    resumed = run_recipe([*RUN, "--output_dir", "outputs/killed", "--resume_from_checkpoint", "latest"], cwd=tmp_path)
+    resumed = run_recipe([*RUN, "--output_dir", "outputs/killed", "--resume_from_checkpoint", "latest"], cwd=whole_run)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     start = int(re.search(r"Resuming from outputs/killed/checkpoint-(\d+)", resumed.stdout)[1])
     assert logged_steps(resumed.stdout) == 6 - start  # the steps before its checkpoint were not trained again
@@ -199,7 +213,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
     assert "--resume_from_checkpoint" in record["resumes"][0]["command"]
 
     state = {
-        name: json.loads((tmp_path / "outputs" / name / "trainer_state.json").read_text())
+        name: json.loads((whole_run / "outputs" / name / "trainer_state.json").read_text())
         for name in ("whole", "killed")
     }
     assert state["killed"]["global_step"] == state["whole"]["global_step"] == 6
@@ -210,13 +224,58 @@ def test_a_run_killed_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
     for key in ("learning_rate", "rewards/xmlcount_reward_func/mean", "num_tokens"):
         whole_values, resumed_values = per_step("whole", key), per_step("killed", key)
         assert all(resumed_values[s] == pytest.approx(whole_values[s]) for s in range(start + 1, 7)), key
-    whole_weights = load_file(tmp_path / "outputs" / "whole" / "model.safetensors")
-    resumed_weights = load_file(killed_dir / "model.safetensors")
-    for name, tensor in whole_weights.items():
-        torch.testing.assert_close(resumed_weights[name], tensor, rtol=1e-4, atol=1e-6)
+    assert_same_final_weights(killed_dir, whole_run / "outputs" / "whole")
 
 
-def test_ctrl_c_ends_a_run_with_a_message_and_frees_its_folder(tmp_path):
+SIGNAL_IN_A_STEP = """
+import os
+import signal
+
+import trl
+
+STEP, RANK = int(os.environ["SIGNAL_IN_STEP"]), int(os.environ.get("SIGNAL_RANK", "0"))
+original = trl.GRPOTrainer.compute_loss
+
+
+def compute_loss(self, model, inputs, *args, **kwargs):
+    if self.state.global_step == STEP - 1 and self.accelerator.process_index == RANK:
+        os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))  # this process alone, in the middle of the step
+    return original(self, model, inputs, *args, **kwargs)
+
+
+trl.GRPOTrainer.compute_loss = compute_loss
+
+import grpo_demo
+
+grpo_demo.main()
+"""
+
+
+def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weights(whole_run):
+    """What Slurm sends before a time limit or preemption: the step in progress finishes and is saved, the run
+    stops with exit code 75, and resuming it gives the weights of a run that never stopped."""
+    script = whole_run / "sigterm_in_step_3.py"
+    script.write_text(SIGNAL_IN_A_STEP)
+    args, out = [*RUN, "--output_dir", "outputs/sigterm"], whole_run / "outputs" / "sigterm"
+    stopped = run_recipe(args, cwd=whole_run, script=script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
+    assert stopped.returncode == stopping.EXIT_STOPPED == 75, stopped.stdout[-3000:]
+    assert "SIGTERM: finishing step 3 of 6, saving it, then stopping (exit 75)" in stopped.stdout
+    assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. --resume_from_checkpoint latest" in stopped.stdout
+    assert "Traceback" not in stopped.stdout
+    # Step 3's checkpoint (save_steps 2 would not have made it), complete; not a finished run; the folder free.
+    assert checks.missing_parts(out / "checkpoint-3") == []
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
+    assert not (out / "model.safetensors").exists() and not (out / "eval" / "final").exists()
+    assert not (out / ".run.lock").exists()
+
+    resumed = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=whole_run)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "Resuming from outputs/sigterm/checkpoint-3" in resumed.stdout
+    assert logged_steps(resumed.stdout) == 3
+    assert_same_final_weights(out, whole_run / "outputs" / "whole")
+
+
+def test_ctrl_c_saves_the_step_in_progress_says_so_and_frees_its_folder(tmp_path):
     out = tmp_path / "outputs" / "stopped"
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "grpo_demo.py"), "--smoke", "--max_steps", "200", "--output_dir", str(out)],
@@ -233,8 +292,10 @@ def test_ctrl_c_ends_a_run_with_a_message_and_frees_its_folder(tmp_path):
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=300)
-    assert process.returncode == 130
-    assert "Stopped (Ctrl-C). A training run goes on from its newest checkpoint" in output
+    assert process.returncode == stopping.EXIT_INTERRUPTED == 130, output[-3000:]
+    assert "Ctrl-C again stops at once, without a checkpoint" in output
+    step = int(re.search(r"Stopped at step (\d+): Ctrl-C \(SIGINT\) received. Saved: checkpoint-\1\. ", output)[1])
+    assert checks.missing_parts(out / f"checkpoint-{step}") == []  # the step it was in, saved: resumable
     assert "Traceback" not in output
     assert not (out / ".run.lock").exists()  # the folder is free for the resume
 
@@ -249,18 +310,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
-    out = tmp_path / "run"
+TWO = ["--smoke", "--max_steps", "2", "--save_steps", "2", "--report_to", "wandb"]
+
+
+def launch_two(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py", **env: str):
+    """`accelerate launch --config_file configs/cpu_ddp.yaml SCRIPT ARGS`: two processes on the CPU, offline."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(ROOT / "configs" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
-        str(ROOT / "grpo_demo.py"), "--smoke", "--output_dir", str(out),
-        "--max_steps", "2", "--save_steps", "2", "--report_to", "wandb",
+        str(script), *args,
     ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=tmp_path, env=offline_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=offline_env(cwd, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
     )
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """`TWO` under two processes, uninterrupted, into <folder>/run: (folder, output, console)."""
+    folder = tmp_path_factory.mktemp("two-processes")
+    result = launch_two([*TWO, "--output_dir", str(folder / "run")], folder)
     assert result.returncode == 0, result.stdout[-4000:]
+    return folder, folder / "run", result.stdout
+
+
+def test_two_processes_train_one_run_and_evaluate_it_together(two_process_run):
+    folder, out, stdout = two_process_run
 
     # One checkpoint, written once: the model and optimizer by the main process, an RNG state by each process.
     checkpoint = out / "checkpoint-2"
@@ -269,7 +350,7 @@ def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
         assert (checkpoint / name).is_file(), name
     # One set of logs: one wandb run, one run record, each step logged once.
     assert len(list((out / "wandb").glob("offline-run-*"))) == 1
-    assert result.stdout.count("Run record:") == 1
+    assert stdout.count("Run record:") == 1
     state = json.loads((out / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry]
     assert [entry["step"] for entry in steps] == [1, 2]
@@ -288,12 +369,12 @@ def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
     # One evaluation of each kind, of every test question, generated in two shares: the same completions as one
     # process generating them all from the saved weights.
     for name in ("baseline", "final"):  # the report's table header, printed once
-        assert len(re.findall(rf"GSM8K {name}: \S+, recipe protocol, 32 questions", result.stdout)) == 1, name
+        assert len(re.findall(rf"GSM8K {name}: \S+, recipe protocol, 32 questions", stdout)) == 1, name
     final = json.loads((out / "eval" / "final" / "summary.json").read_text())
     assert (final["n"], final["processes"]) == (32, 2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    rows = grpo_demo.get_gsm8k_questions("test", str(tmp_path / "outputs" / "smoke-assets" / "gsm8k-generated"))
+    rows = grpo_demo.get_gsm8k_questions("test", str(folder / "outputs" / "smoke-assets" / "gsm8k-generated"))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
     alone, records = evaluation.evaluate(
         model, tokenizer, rows, grpo_demo.ANSWER_FORMAT, max_new_tokens=48, batch_size=64, model_name=str(out)
@@ -302,6 +383,31 @@ def test_two_processes_train_one_run_and_evaluate_it_together(tmp_path):
     same = sum(a == b for a, b in zip(together, [r["completion"] for r in records], strict=True))
     assert same >= 30  # greedy on a near-random model: a float near-tie may flip in another batch shape, rarely
     assert final["accuracy_strict"] == alone["accuracy_strict"] and final["format_rate"] == alone["format_rate"]
+
+
+def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_same_weights(two_process_run):
+    """Process 1 alone gets SIGTERM in step 1: both finish that step, save it together and stop; the resumed run
+    ends with the weights of the run that never stopped."""
+    folder, whole, _ = two_process_run
+    script, out = folder / "sigterm_in_step_1.py", folder / "stopped"
+    script.write_text(SIGNAL_IN_A_STEP)
+    args = [*TWO, "--output_dir", str(out)]
+    stopped = launch_two(args, folder, script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="1", SIGNAL_RANK="1")
+    # The main process, which got no signal, stopped at step 1 for it; accelerate launch exits 1 when a process
+    # does not exit 0, naming the processes' own exit code.
+    assert stopped.returncode == 1, stopped.stdout[-4000:]
+    assert "Stopped at step 1: SIGTERM received. Saved: checkpoint-1." in stopped.stdout
+    assert re.search(r"exitcode\s*:\s*75", stopped.stdout)
+    # One checkpoint of step 1, each process's part in it; nobody trained step 2.
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]
+    assert checks.missing_parts(out / "checkpoint-1") == []
+    assert all((out / "checkpoint-1" / f"rng_state_{rank}.pth").is_file() for rank in (0, 1))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
+
+    resumed = launch_two([*args, "--resume_from_checkpoint", "latest"], folder)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert f"Resuming from {out}/checkpoint-1" in resumed.stdout
+    assert_same_final_weights(out, whole)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,266 @@
+"""The Slurm launch (slurm/grpo.sbatch), run without a cluster: stand-ins for Slurm's commands, vLLM's server and
+accelerate record what each node would run. The first node serves vLLM, the others train under accelerate launch
+with their machine ranks; training waits for the server's health check; a stop signal before the time limit is
+passed on to the training, and the job requeues itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import grpo_demo
+from grpo_kit import checks, settings
+
+BATCH = ROOT / "slurm" / "grpo.sbatch"
+MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+
+STUB = """#!{python}
+# A stand-in for a command of Slurm's or the cluster's: records its call as a JSON line in $STUB_LOG (name,
+# arguments, the node it runs on, the launcher's variables) and acts just enough for slurm/grpo.sbatch to go on.
+import json, os, signal, subprocess, sys
+from pathlib import Path
+
+name, args = Path(sys.argv[0]).name, sys.argv[1:]
+log = Path(os.environ["STUB_LOG"])
+node = os.environ.get("SLURMD_NODENAME")
+
+
+def record(**extra):
+    env = {{k: os.environ[k] for k in ("PET_SIGNALS_TO_HANDLE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") if k in os.environ}}
+    with log.open("a") as f:
+        f.write(json.dumps({{"name": name, "args": args, "node": node, "env": env, **extra}}) + "\\n")
+
+
+def wait_for_a_signal(*signals):
+    got = []
+    for number in signals:
+        signal.signal(number, lambda n, f: got.append(signal.Signals(n).name))
+    return got
+
+
+if name == "scontrol":  # `show hostnames LIST`: the nodes, one a line; `requeue JOB`: recorded
+    record()
+    if args[:2] == ["show", "hostnames"]:
+        print("\\n".join(os.environ["STUB_NODES"].split()))
+elif name == "srun":  # the command once per node of --nodelist, with that node's task rank; signals passed on
+    split = next(i for i, arg in enumerate(args) if not arg.startswith("--"))  # options are written --name=value
+    options, command = dict(arg[2:].partition("=")[::2] for arg in args[:split]), args[split:]
+    record(options=options, command=command)
+    children = []
+    for number in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(number, lambda n, f: [child.send_signal(n) for child in children])
+    for rank, host in enumerate(options["nodelist"].split(",")):
+        out = open(options["output"].replace("%N", host), "a")
+        env = {{**os.environ, "SLURMD_NODENAME": host, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(rank)}}
+        children.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+    sys.exit(max(child.wait() for child in children))
+elif name == "trl":  # the vLLM server: serves until stopped
+    record()
+    got = wait_for_a_signal(signal.SIGTERM)
+    while not got:
+        signal.pause()
+elif name == "curl":  # the health check: fails STUB_HEALTHY_AFTER times, then answers ("never": never does)
+    record()
+    after = os.environ.get("STUB_HEALTHY_AFTER", "0")
+    calls = sum(json.loads(line)["name"] == "curl" for line in log.read_text().splitlines())
+    sys.exit(0 if after != "never" and calls > int(after) else 7)
+elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail (1), or stop (waits for a signal)
+    print(f"accelerate on {{node}}")
+    mode = os.environ.get("STUB_TRAIN", "ok")
+    if mode == "stop":
+        got = wait_for_a_signal(signal.SIGTERM, signal.SIGUSR1)
+        Path(f"{{log}}.training-on-{{node}}").touch()
+        while not got:
+            signal.pause()
+        record(signalled=got)
+        sys.exit(1)  # what accelerate launch exits with once it has passed a signal on
+    record()
+    sys.exit(0 if mode == "ok" else 1)
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    """A folder of stand-ins for scontrol, srun, trl, curl, accelerate, and sleep (which returns at once)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for name in ("scontrol", "srun", "trl", "curl", "accelerate"):
+        (folder / name).write_text(STUB.format(python=sys.executable))
+        (folder / name).chmod(0o755)
+    (folder / "sleep").write_text("#!/bin/sh\n")
+    (folder / "sleep").chmod(0o755)
+    return folder
+
+
+def batch_env(tmp_path, stubs, nodes: int, **extra: str) -> dict[str, str]:
+    """A Slurm job's environment on its first node, `nodes` nodes gpu01, gpu02... allocated."""
+    names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+    return {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": f"gpu[01-{nodes:02d}]",
+        "STUB_NODES": " ".join(names),
+        "STUB_LOG": str(tmp_path / "calls.jsonl"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        **extra,
+    }
+
+
+def calls(env: dict[str, str]) -> list[dict]:
+    path = Path(env["STUB_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def per_node(recorded: list[dict]) -> dict[str, list[list[str]]]:
+    """What each node ran: {node: [[command, arguments...], ...]}."""
+    nodes: dict[str, list[list[str]]] = {}
+    for call in recorded:
+        if call["node"]:
+            nodes.setdefault(call["node"], []).append([call["name"], *call["args"]])
+    return nodes
+
+
+def train_command(rank: int, machines: int, processes: int, config: str, model: str, port: str, extra: list[str]):
+    return [
+        "accelerate", "launch", "--machine_rank", str(rank),
+        "--config_file", config, "--num_machines", str(machines), "--num_processes", str(processes),
+        "--main_process_ip", "gpu02", "--main_process_port", "29500",
+        "grpo_demo.py", "--model_name_or_path", model, "--use_vllm", "true", "--vllm_mode", "server",
+        "--vllm_server_host", "gpu01", "--vllm_server_port", port, "--resume_from_checkpoint", "latest", *extra,
+    ]  # fmt: skip
+
+
+RECIPE = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]  # 64 completions per step
+
+
+@pytest.mark.parametrize(
+    ("nodes", "args", "env", "gpus", "config", "model", "port"),
+    [
+        (3, ["--", *RECIPE], {}, 8, "configs/zero2.yaml", MODEL, "8000"),  # the defaults: 1 serves, 2 train
+        (  # settings from the environment and the command line (which wins)
+            4,
+            ["--zero3", "--model", "Qwen/Qwen2.5-7B-Instruct", "--vllm_port", "8200", "--", *RECIPE],
+            {"GPUS_PER_NODE": "4", "VLLM_PORT": "8100"},
+            4,
+            "configs/zero3.yaml",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "8200",
+        ),
+    ],
+    ids=["defaults", "settings"],
+)
+def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
+    tmp_path, stubs, nodes, args, env, gpus, config, model, port
+):
+    env = batch_env(tmp_path, stubs, nodes, **env)
+    result = subprocess.run(["bash", str(BATCH), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    machines = nodes - 1
+    serve = [
+        "trl", "vllm-serve", "--model", model, "--data_parallel_size", str(gpus), "--tensor_parallel_size", "1",
+        "--max_model_len", "1042", "--host", "0.0.0.0", "--port", port,
+    ]  # fmt: skip
+    expected = {"gpu01": [serve]}
+    for rank in range(machines):
+        expected[f"gpu{rank + 2:02d}"] = [train_command(rank, machines, machines * gpus, config, model, port, RECIPE)]
+    recorded = calls(env)
+    assert per_node(recorded) == expected
+
+    # The steps as Slurm is asked for them; training started once the server answered.
+    steps = [call["options"] for call in recorded if call["name"] == "srun"]
+    logs = tmp_path / "logs" / "77" / "run-0"
+    train_nodes = ",".join(f"gpu{i:02d}" for i in range(2, nodes + 1))
+    assert steps == [
+        {"nodes": "1", "ntasks": "1", "nodelist": "gpu01", "output": f"{logs}/vllm-%N.log"},
+        {
+            "nodes": str(machines), "ntasks": str(machines), "ntasks-per-node": "1", "nodelist": train_nodes,
+            "kill-on-bad-exit": "1", "output": f"{logs}/train-%N.log",
+        },
+    ]  # fmt: skip
+    names = [call["name"] for call in recorded]
+    assert names.index("curl") < names.index("accelerate")
+    assert next(call for call in recorded if call["name"] == "curl")["args"][-1] == f"http://gpu01:{port}/health"
+    # Each node's log; the launcher passes SIGUSR1 on to its processes and gives them time to save.
+    assert sorted(p.name for p in logs.iterdir()) == sorted(
+        ["vllm-gpu01.log", *(f"train-gpu{i:02d}.log" for i in range(2, nodes + 1))]
+    )
+    launchers = [call for call in recorded if call["name"] == "accelerate"]
+    assert all("SIGUSR1" in c["env"]["PET_SIGNALS_TO_HANDLE"].split(",") for c in launchers)
+    assert {c["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] for c in launchers} == {"280"}
+    assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in recorded)
+
+
+def test_the_settings_the_launch_passes_are_valid_recipe_settings(tmp_path, stubs, fake_cuda, monkeypatch):
+    """What each training process gets, checked by the recipe as it would check it there (16 processes, ZeRO-2,
+    vLLM installed): server mode is accepted, pointed at the serving node."""
+    env = batch_env(tmp_path, stubs, 3)
+    assert subprocess.run(["bash", str(BATCH), "--", *RECIPE], cwd=ROOT, env=env, capture_output=True).returncode == 0
+    launch = next(call["args"] for call in calls(env) if call["name"] == "accelerate")
+    recipe_args = launch[launch.index("grpo_demo.py") + 1 :]
+    launched = {"WORLD_SIZE": "16", "ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
+    for name, value in launched.items():  # as accelerate launch and torchrun set them
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(checks, "installed_version", {"vllm": "0.30.0"}.get)
+    monkeypatch.chdir(tmp_path)
+    values = settings.resolve(recipe_args, grpo_demo.recipe_defaults(), grpo_demo.ANSWER_FORMAT, grpo_demo.REWARD_FUNCS)
+    chosen = types.SimpleNamespace(**values)
+    server = (chosen.use_vllm, chosen.vllm_mode, chosen.vllm_server_host, chosen.vllm_server_port)
+    assert server == (True, "server", "gpu01", 8000)
+    assert chosen.resume_from_checkpoint is None  # nothing to resume yet: a fresh start, said
+    # 16 processes x 4 completions x 1 accumulation step: the reference's 4 prompts of 16 completions per step.
+    assert 16 * chosen.per_device_train_batch_size * chosen.gradient_accumulation_steps // chosen.num_generations == 4
+
+
+def test_training_waits_for_the_servers_health_check_and_gives_up_with_a_message(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="30")
+    result = subprocess.run(["bash", str(BATCH)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    log = tmp_path / "logs" / "77" / "run-0" / "vllm-gpu01.log"
+    assert (
+        f"the vLLM server on gpu01 did not answer http://gpu01:8000/health within 30 s (--vllm_wait): see {log}"
+        in result.stderr
+    )
+    recorded = calls(env)
+    assert [call["name"] for call in recorded].count("curl") == 4  # at 0, 10, 20 and 30 s
+    assert "accelerate" not in [call["name"] for call in recorded]  # training never started
+
+
+def test_a_stop_signal_reaches_every_training_node_and_the_job_requeues_itself(tmp_path, stubs):
+    """Slurm's SIGUSR1 before the time limit (--signal=B:USR1@300) reaches the batch script only."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
+    batch = subprocess.Popen(
+        ["bash", str(BATCH)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    started = [Path(f"{env['STUB_LOG']}.training-on-{node}") for node in ("gpu02", "gpu03")]
+    while not all(path.exists() for path in started):
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr  # what the launchers exited with
+    recorded = calls(env)
+    assert {call["node"]: call["signalled"] for call in recorded if call["name"] == "accelerate"} == {
+        "gpu02": ["SIGUSR1"],
+        "gpu03": ["SIGUSR1"],
+    }
+    assert [call["args"] for call in recorded if call["name"] == "scontrol"][-1] == ["requeue", "77"]
+    assert "SIGUSR1: asking the training to save its step and stop" in stdout
+    assert "training stopped on SIGUSR1 (exit 1): requeueing job 77" in stdout
+
+
+def test_training_that_fails_on_its_own_is_not_requeued(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="fail")
+    result = subprocess.run(["bash", str(BATCH)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "training failed (exit 1): not requeued" in result.stderr
+    assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
