@@ -15,6 +15,8 @@ NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+", re.ASC
 # An integer written the way GSM8K's gold answers are: 72, -3, 1,080.
 GSM8K_INT_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)", re.ASCII)
 BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+# `-$5` is minus five dollars: the sign is the number's (`10 - $5`, spaced, is a subtraction and stays one).
+SIGN_BEFORE_CURRENCY_RE = re.compile(r"(?<![\w)])-[$€£](?=[\d.])")
 MAX_ANSWER_CHARS = 300  # an answer block is a number and perhaps a short sentence; longer is an essay, not an answer
 MAX_NUMBER_CHARS = 40  # far beyond any GSM8K answer; keeps arbitrary-precision parsing cheap
 
@@ -39,6 +41,7 @@ def answer_number(answer: str) -> Fraction | None:
     boxed = BOXED_RE.findall(answer)
     if boxed:
         answer = boxed[-1]
+    answer = SIGN_BEFORE_CURRENCY_RE.sub("-", answer)  # `-$5` is -5
     numbers = {parse_number(n) for n in NUMBER_RE.findall(answer)}
     return numbers.pop() if len(numbers) == 1 else None
 
@@ -50,5 +53,5 @@ def is_gsm8k_integer(text: str) -> bool:
 
 def last_number(text: str) -> str | None:
     """The last number anywhere in `text`, as written (`1,080`, `-3`, `18.50`), else None."""
-    numbers = NUMBER_RE.findall(text)
+    numbers = NUMBER_RE.findall(SIGN_BEFORE_CURRENCY_RE.sub("-", text))
     return numbers[-1] if numbers else None

@@ -285,6 +285,9 @@ CORRECTNESS = [
     (formatted("She makes $18 every day."), "18", 2.0),  # a short sentence around one number
     (formatted("18 (18 dollars)"), "18", 2.0),  # the same number twice
     (formatted("-3"), "-3", 2.0),  # negative gold
+    (formatted("-$3"), "-3", 2.0),  # the sign before the currency sign is the number's
+    (formatted("$-3"), "-3", 2.0),
+    (formatted("-$3"), "3", 0.0),  # ...and it still matters
     (formatted("\\boxed{18} or 20"), "18", 2.0),  # the box decides
     ("<answer>18</answer>", "18", 2.0),  # correctness does not judge the format
     ("<answer>19</answer><answer>18</answer>", "18", 2.0),  # the last block counts
