@@ -19,6 +19,8 @@ Where this recipe departs from the reference script it descends from, and why:
 4. The model is placed by the trainer (no `.to("cuda")`), so `accelerate launch` puts each process on its own GPU.
 5. KL is off (`beta=0`, today's TRL default; the reference ran with 0.04): it saves the reference model's memory.
 6. Full fine-tuning keeps fp32 weights and computes in bf16: the reference's pure-bf16 weights lost most updates.
+7. The loss is today's TRL default, token-level (`loss_type="dapo"`); the reference's averaged each completion
+   first (`"grpo"`). `--config configs/reference_objective.yaml` trains the reference's objective.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ GRPO_DEFAULTS = dict(
     gradient_accumulation_steps=4,  # micro-steps per optimizer step: 4 prompts x 16 = 64 completions on one GPU
     max_completion_length=786,
     temperature=0.9,  # the reference ran TRL 0.14's default; today's is 1.0
+    # The objective: TRL 1.16's defaults, named because the reference's TRL 0.14 trained another one
+    # (configs/reference_objective.yaml restores it; README "Objectives" lists the others).
+    loss_type="dapo",  # all tokens of the accumulated batch weigh alike; the reference: "grpo", a mean per completion
+    scale_rewards="group",  # advantage = (reward - group mean) / group std, as in the reference; "none": Dr. GRPO's
+    beta=0.0,  # no KL penalty, so no reference model in memory; the reference: 0.04
     num_train_epochs=1,
     save_steps=100,
     save_total_limit=3,  # a full fine-tuning checkpoint of the 1.5B model is ~19 GB (fp32 weights + AdamW moments)

@@ -54,6 +54,9 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
     assert (args.lr_scheduler_type, args.logging_steps, args.num_train_epochs) == ("cosine", 1, 1)
     assert (args.num_generations, args.max_completion_length, args.temperature) == (16, 786, 0.9)
     assert (args.save_steps, args.max_grad_norm, args.report_to) == (100, 0.1, ["wandb"])
+    # The objective is named (TRL 1.16's defaults), not inherited unseen: token-level loss, group std, no KL.
+    assert (args.loss_type, args.scale_rewards, args.beta) == ("dapo", "group", 0.0)
+    assert {"loss_type", "scale_rewards", "beta"} <= grpo_demo.GRPO_DEFAULTS.keys()
     # One prompt's 16 completions per device step, 4 accumulated steps: 4 prompts per optimizer step.
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (16, 4)
     assert args.generation_batch_size // args.num_generations == 4
