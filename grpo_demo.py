@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 
-from grpo_kit.answer_format import AnswerFormat
+from grpo_kit.answer_format import AnswerFormat, Tags, bind
 from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
 
 logger = logging.getLogger("grpo_demo")
@@ -39,7 +40,7 @@ logger = logging.getLogger("grpo_demo")
 # model
 MODEL_NAME = "Qwen/Qwen2.5-1.5B-Instruct"  # or "meta-llama/Llama-3.2-1B-Instruct": outputs/ and run name follow
 
-# answer format
+# answer format: the default tags (--reasoning_tag, --answer_tag)
 REASONING_TAG = "reasoning"  # "think" gives the R1-style <think>...</think> format, in prompt and rewards alike
 ANSWER_TAG = "answer"
 
@@ -91,31 +92,38 @@ LORA_DEFAULTS = dict(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The answer format and its parsing
+# The answer format and its parsing: each function takes a run's tags, by default the constants above (as the
+# public names SYSTEM_PROMPT, XML_COT_FORMAT and the rewards called directly use them).
+
+TAGS = Tags(REASONING_TAG, ANSWER_TAG)
 
 
 def _tag_block(tag: str, body: str) -> str:
     return f"<{tag}>\n{body}\n</{tag}>\n"
 
 
-SYSTEM_PROMPT = (
-    "\nRespond in the following format:\n" + _tag_block(REASONING_TAG, "...") + _tag_block(ANSWER_TAG, "...")
-)
-XML_COT_FORMAT = _tag_block(REASONING_TAG, "{reasoning}") + _tag_block(ANSWER_TAG, "{answer}")
-
-R_OPEN, R_CLOSE = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
-A_OPEN, A_CLOSE = f"<{ANSWER_TAG}>", f"</{ANSWER_TAG}>"
+def system_prompt(tags: Tags = TAGS) -> str:
+    """The format instructions every prompt opens with."""
+    return "\nRespond in the following format:\n" + _tag_block(tags.reasoning, "...") + _tag_block(tags.answer, "...")
 
 
-def extract_xml_answer(text: str) -> str:
+def solution_template(tags: Tags = TAGS) -> str:
+    """A perfectly formatted completion: a str.format template with {reasoning} and {answer}."""
+    return _tag_block(tags.reasoning, "{reasoning}") + _tag_block(tags.answer, "{answer}")
+
+
+SYSTEM_PROMPT, XML_COT_FORMAT = system_prompt(), solution_template()
+
+
+def extract_xml_answer(text: str, tags: Tags = TAGS) -> str:
     """The stripped content of the last complete <answer>...</answer> block; "" when there is none."""
-    close = text.rfind(A_CLOSE)
+    close = text.rfind(tags.a_close)
     if close < 0:
         return ""
-    start = text.rfind(A_OPEN, 0, close)
+    start = text.rfind(tags.a_open, 0, close)
     if start < 0:
         return ""
-    return text[start + len(A_OPEN) : close].strip()
+    return text[start + len(tags.a_open) : close].strip()
 
 
 def extract_hash_answer(text: str) -> str | None:
@@ -125,13 +133,13 @@ def extract_hash_answer(text: str) -> str | None:
     return text.split("####")[-1].strip().replace(",", "")
 
 
-def is_strict_format(text: str) -> bool:
+def is_strict_format(text: str, tags: Tags = TAGS) -> bool:
     """Whether `text` is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`: one final newline
     allowed, each tag once, nothing around it."""
     body = text[:-1] if text.endswith("\n") else text
-    if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
+    if not all(body.count(tag) == 1 for tag in tags.written):
         return False  # each tag once: no nested or repeated blocks
-    head, middle, tail = R_OPEN + "\n", f"\n{R_CLOSE}\n{A_OPEN}\n", "\n" + A_CLOSE
+    head, middle, tail = tags.r_open + "\n", f"\n{tags.r_close}\n{tags.a_open}\n", "\n" + tags.a_close
     split = body.find(middle)
     return (
         body.startswith(head)
@@ -141,31 +149,31 @@ def is_strict_format(text: str) -> bool:
     )
 
 
-def is_soft_format(text: str) -> bool:
+def is_soft_format(text: str, tags: Tags = TAGS) -> bool:
     """Whether `text` opens (after any whitespace) with a reasoning block followed, whitespace between allowed, by
     an answer block; line breaks anywhere inside, text after it allowed."""
     text = text.lstrip()
-    if not text.startswith(R_OPEN):
+    if not text.startswith(tags.r_open):
         return False
-    close = text.find(R_CLOSE)
+    close = text.find(tags.r_close)
     if close < 0:
         return False
-    rest = text[close + len(R_CLOSE) :].lstrip()
-    return rest.startswith(A_OPEN) and rest.find(A_CLOSE, len(A_OPEN)) >= 0
+    rest = text[close + len(tags.r_close) :].lstrip()
+    return rest.startswith(tags.a_open) and rest.find(tags.a_close, len(tags.a_open)) >= 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
 
 
-def chat_prompt(question: str) -> list[dict]:
+def chat_prompt(question: str, tags: Tags = TAGS) -> list[dict]:
     """The conversation the model answers: the format instructions as the system message, then the question."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": system_prompt(tags)}, {"role": "user", "content": question}]
 
 
-def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
-    """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`, and
-    `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
+def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False, tags: Tags = TAGS):
+    """GSM8K as system+user chat prompts (in `tags`) with canonical gold answers: columns `question`, `prompt`,
+    `answer`, and `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
 
     Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
     a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
@@ -190,7 +198,8 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
         elif parse_number(solution.rsplit("####", 1)[-1]) is None:  # as written: `1,2` is no number, `1,200` is
             bad.setdefault("a gold answer that is no number", []).append(where)
         else:
-            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer, "solution": solution})
+            prompt = chat_prompt(question, tags)
+            rows.append({"question": question, "prompt": prompt, "answer": answer, "solution": solution})
     report_bad_rows(bad, len(rows), split, named, strict)
     return Dataset.from_list(rows)
 
@@ -225,13 +234,13 @@ def completion_texts(completions) -> list[str]:
     return [c if isinstance(c, str) else (c[0].get("content") or "") if c else "" for c in completions]
 
 
-def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[float]:
+def correctness_reward_func(prompts, completions, answer, tags: Tags = TAGS, **kwargs) -> list[float]:
     """2.0 if the last answer block commits to the gold number, else 0.0.
 
     Numbers are compared, not strings: `1,080`, `$1080`, `1080.00`, `\\boxed{1080}` and `1080 apples` all
     equal gold `1080`. A number outside the answer block does not count.
     """
-    extracted = [extract_xml_answer(t) for t in completion_texts(completions)]
+    extracted = [extract_xml_answer(t, tags) for t in completion_texts(completions)]
     if "log_extra" in kwargs:  # shown beside each completion in TRL's completions table
         kwargs["log_extra"]("gold", list(answer))
         kwargs["log_extra"]("extracted", extracted)
@@ -242,45 +251,45 @@ def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[floa
     ]
 
 
-def int_reward_func(completions, **kwargs) -> list[float]:
+def int_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the answer block is exactly an integer as GSM8K writes them (`72`, `-3`, `1,080`), else 0.0."""
-    return [0.5 if is_gsm8k_integer(extract_xml_answer(t)) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_gsm8k_integer(extract_xml_answer(t, tags)) else 0.0 for t in completion_texts(completions)]
 
 
-def strict_format_reward_func(completions, **kwargs) -> list[float]:
+def strict_format_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the completion is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>` (one final
     newline allowed, each tag once, nothing around it), else 0.0."""
-    return [0.5 if is_strict_format(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_strict_format(t, tags) else 0.0 for t in completion_texts(completions)]
 
 
-def soft_format_reward_func(completions, **kwargs) -> list[float]:
+def soft_format_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the completion opens (after any whitespace) with a reasoning block followed, whitespace between
     allowed, by an answer block; line breaks anywhere inside, text after it allowed; else 0.0."""
-    return [0.5 if is_soft_format(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_soft_format(t, tags) else 0.0 for t in completion_texts(completions)]
 
 
-def count_xml(text: str) -> float:
+def count_xml(text: str, tags: Tags = TAGS) -> float:
     """The reference's tag-by-tag score: 0.125 for each of `<reasoning>\\n`, `\\n</reasoning>\\n`, `\\n<answer>\\n`
     and `\\n</answer>` appearing exactly once, the two answer tags losing 0.001 per character after the closing
     tag (a final newline is free), never below 0. From 0.0 to 0.5; a strictly formatted completion earns 0.5."""
-    close = "\n" + A_CLOSE
+    close = "\n" + tags.a_close
     after = text.rsplit(close, 1)[1] if close in text else ""
     penalty = 0.001 * (len(after) - after.startswith("\n"))
     score = 0.0
-    if text.count(R_OPEN + "\n") == 1:
+    if text.count(tags.r_open + "\n") == 1:
         score += 0.125
-    if text.count(f"\n{R_CLOSE}\n") == 1:
+    if text.count(f"\n{tags.r_close}\n") == 1:
         score += 0.125
-    if text.count(f"\n{A_OPEN}\n") == 1:
+    if text.count(f"\n{tags.a_open}\n") == 1:
         score += max(0.0, 0.125 - penalty)
     if text.count(close) == 1:
         score += max(0.0, 0.125 - penalty)
     return score
 
 
-def xmlcount_reward_func(completions, **kwargs) -> list[float]:
+def xmlcount_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """`count_xml` of each completion: 0.0 to 0.5 (see there)."""
-    return [count_xml(t) for t in completion_texts(completions)]
+    return [count_xml(t, tags) for t in completion_texts(completions)]
 
 
 REWARD_FUNCS = [
@@ -291,16 +300,26 @@ REWARD_FUNCS = [
     correctness_reward_func,
 ]
 
-# What the evaluation, --ask and the offline presets need to know of this recipe's format: handed to them, so that
-# an edited copy of this file evaluates and builds its assets in its own format.
-ANSWER_FORMAT = AnswerFormat(
-    chat_prompt=chat_prompt,
-    solution_template=XML_COT_FORMAT,
-    tags=(R_OPEN, R_CLOSE, A_OPEN, A_CLOSE),
-    extract_answer=extract_xml_answer,
-    is_strict_format=is_strict_format,
-    is_soft_format=is_soft_format,
-)
+
+def reward_funcs(tags: Tags = TAGS) -> list:
+    """The five rewards reading completions in `tags`, each under its own name."""
+    return [bind(func, tags=tags) for func in REWARD_FUNCS]
+
+
+def answer_format(tags: Tags = TAGS) -> AnswerFormat:
+    """What the evaluation, --ask, the offline presets and the health checks need to know of the format in `tags`:
+    handed to them, so that an edited copy of this file, or a run with other tags, is measured as it trains."""
+    return AnswerFormat(
+        chat_prompt=partial(chat_prompt, tags=tags),
+        solution_template=solution_template(tags),
+        tags=tags.written,
+        extract_answer=partial(extract_xml_answer, tags=tags),
+        is_strict_format=partial(is_strict_format, tags=tags),
+        is_soft_format=partial(is_soft_format, tags=tags),
+    )
+
+
+ANSWER_FORMAT = answer_format()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -309,7 +328,8 @@ ANSWER_FORMAT = AnswerFormat(
 
 def recipe_defaults() -> dict:
     """The constants above, as the defaults of settings (GRPOConfig, ModelConfig and the run's own fields)."""
-    return {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, "max_prompt_tokens": MAX_PROMPT_TOKENS}
+    own = {"max_prompt_tokens": MAX_PROMPT_TOKENS, "reasoning_tag": REASONING_TAG, "answer_tag": ANSWER_TAG}
+    return {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, **own}
 
 
 def parse_settings(argv: list[str] | None = None):
@@ -317,7 +337,7 @@ def parse_settings(argv: list[str] | None = None):
     each value checked before anything is loaded or downloaded."""
     from grpo_kit import settings
 
-    return settings.parse(argv, recipe_defaults(), ANSWER_FORMAT, REWARD_FUNCS)
+    return settings.parse(argv, recipe_defaults(), REWARD_FUNCS)
 
 
 def weights_dtype(model_args, training_args) -> str:
@@ -348,19 +368,21 @@ def main(argv: list[str] | None = None) -> None:
     from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
+    tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
+    fmt, rewards = answer_format(tags), reward_funcs(tags)
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
         folders.claim(training_args.output_dir)  # one run per output folder
-    presets.prepare(run, training_args, model_args, ANSWER_FORMAT)  # --smoke/--demo: a tiny model, generated data
+    presets.prepare(run, training_args, model_args, fmt)  # --smoke/--demo: a tiny model, generated data
     if run.ask:  # a sampled answer of a saved model to a question of your own
-        return modes.ask(run.ask, model_args, training_args, ANSWER_FORMAT)
+        return modes.ask(run.ask, model_args, training_args, fmt)
 
     # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
-    test = get_gsm8k_questions("test", run.dataset, run.strict_data) if evaluation.measures(run) else None
+    test = get_gsm8k_questions("test", run.dataset, run.strict_data, tags) if evaluation.measures(run) else None
     shows_train = "kshot" in run.eval_protocols  # k-shot evaluation shows worked train solutions
     if run.eval_only:
-        shots = get_gsm8k_questions("train", run.dataset, run.strict_data) if shows_train else None
-        return modes.evaluate_only(test, shots, run, training_args, model_args, ANSWER_FORMAT)
-    train = get_gsm8k_questions("train", run.dataset, run.strict_data)
+        shots = get_gsm8k_questions("train", run.dataset, run.strict_data, tags) if shows_train else None
+        return modes.evaluate_only(test, shots, run, training_args, model_args, fmt)
+    train = get_gsm8k_questions("train", run.dataset, run.strict_data, tags)
     tokenizer = models.load_tokenizer(model_args, training_args)
     train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
@@ -372,15 +394,15 @@ def main(argv: list[str] | None = None) -> None:
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         processing_class=tokenizer,
-        reward_funcs=REWARD_FUNCS,
+        reward_funcs=rewards,
         args=training_args,
         train_dataset=train,
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
-    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT, train))  # before, during, after
-    watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
+    trainer.add_callback(evaluation.callback(trainer, test, run, fmt, train))  # before, during, after
+    watcher = health.watch(trainer, run.health_checks_off, rewards, fmt)  # truncation, NaN... said
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
     # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model

@@ -19,7 +19,7 @@ from pathlib import Path
 from grpo_kit import folders, presets
 from grpo_kit.models import GPU_EXTRAS
 
-TAG_RE = re.compile(r"<([A-Za-z][A-Za-z0-9_-]*)>")
+TAG_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RESUME_LATEST = ("latest", "true", "True", "1")
 VLLM_RANGE = ("0.22.0", "0.31.0")  # the versions TRL 1.16 accepts (trl/import_utils.py, is_vllm_available)
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
@@ -158,6 +158,8 @@ FIXED_ON_RESUME = (
     ],
     ("dataset", "run"),
     ("max_prompt_tokens", "run"),
+    ("reasoning_tag", "run"),
+    ("answer_tag", "run"),
 )  # fmt: skip
 
 
@@ -184,14 +186,14 @@ def changed_since_start(v: dict, record: dict) -> list[str]:
 # The checks
 
 
-def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
+def problems(v: dict, *, n_rewards: int) -> list[str]:
     """Every problem with the resolved settings `v` that shows without loading anything."""
     preset = presets.chosen(v)
     return [
         *sizes(v),
         *groups_fit_the_batch(v),
         *reward_weights(v, n_rewards),
-        *tag_names(tags),
+        *tag_names(v),
         *local_paths(v, preset),
         *output_folder(v),
         *existing_checkpoints(v, preset),
@@ -303,15 +305,15 @@ def reward_weights(v: dict, n_rewards: int) -> list[str]:
     return []
 
 
-def tag_names(tags: tuple[str, ...]) -> list[str]:
-    """The answer format's opening tags: `<name>`, a name TRL's logs and the tokenizer treat as one word."""
+def tag_names(v: dict) -> list[str]:
+    """The answer format's tags: names TRL's logs and the tokenizer treat as one word, and two different ones."""
     out = [
-        f"answer format tag {tag!r}: a tag is '<' a letter, then letters, digits, '_' or '-', then '>' (e.g. '<think>')"
-        for tag in tags[::2]
-        if not TAG_RE.fullmatch(tag)
+        f"{name}={v[name]!r}: a tag's name is a letter, then letters, digits, '_' or '-' (e.g. think, for <think>)"
+        for name in ("reasoning_tag", "answer_tag")
+        if not TAG_NAME_RE.fullmatch(v[name])
     ]
-    if tags[0] == tags[2]:
-        out.append(f"the reasoning and answer tags are both {tags[0]!r}: they must differ")
+    if v["reasoning_tag"] == v["answer_tag"]:
+        out.append(f"reasoning_tag and answer_tag are both {v['answer_tag']!r}: the two blocks need different tags")
     return out
 
 

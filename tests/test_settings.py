@@ -3,7 +3,6 @@ cannot work is named before anything loads; the attention that can run is chosen
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -29,16 +28,16 @@ def single_process(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-def resolved(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> types.SimpleNamespace:
+def resolved(argv: list[str]) -> types.SimpleNamespace:
     """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
-    values = settings.resolve(argv, grpo_demo.recipe_defaults(), answer_format, grpo_demo.REWARD_FUNCS)
+    values = settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
     return types.SimpleNamespace(**values)
 
 
-def refused(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> str:
+def refused(argv: list[str]) -> str:
     """The message the recipe stops with for `argv` (it must stop)."""
     with pytest.raises(SystemExit) as stop:
-        resolved(argv, answer_format)
+        resolved(argv)
     return str(stop.value)
 
 
@@ -228,11 +227,12 @@ def test_each_invalid_setting_has_its_own_message(args, message):
     assert message in refused(args)
 
 
-def test_bad_tag_names_in_an_edited_format_are_refused():
-    edited = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<my tag>", "</my tag>", "<answer>", "</answer>"))
-    assert "answer format tag '<my tag>': a tag is '<' a letter" in refused([], edited)
-    same = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<a>", "</a>", "<a>", "</a>"))
-    assert "the reasoning and answer tags are both '<a>'" in refused([], same)
+def test_bad_tag_names_are_refused(monkeypatch):
+    message = refused(["--reasoning_tag", "my tag"])
+    assert "reasoning_tag='my tag': a tag's name is a letter, then letters, digits, '_' or '-'" in message
+    assert "reasoning_tag and answer_tag are both 'a'" in refused(["--reasoning_tag", "a", "--answer_tag", "a"])
+    monkeypatch.setattr(grpo_demo, "ANSWER_TAG", "<answer>")  # an edited copy's constant is checked as well
+    assert "answer_tag='<answer>': a tag's name is a letter" in refused([])
 
 
 def test_an_output_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
