@@ -199,6 +199,7 @@ def problems(v: dict, *, n_rewards: int) -> list[str]:
         *existing_checkpoints(v, preset),
         *adapters(v),
         *quantization(v),
+        *optimizer(v),
         *vllm(v),
         *generation_precision(v),
         *evaluation_processes(v),
@@ -426,6 +427,30 @@ def quantization(v: dict) -> list[str]:
     return out
 
 
+# transformers' optimizers that bitsandbytes implements (OptimizerNames): 8-bit states, paged memory.
+BNB_OPTIMIZERS = {
+    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "lion_8bit", "lion_32bit",
+    "paged_lion_32bit", "paged_lion_8bit", "ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+}  # fmt: skip
+
+
+def optimizer(v: dict) -> list[str]:
+    """A bitsandbytes optimizer (configs/unsloth_llama8b_qlora.yaml's paged 8-bit AdamW) fails only once the model
+    has loaded, at the first step, without either."""
+    name = str(v["optim"])
+    if name not in BNB_OPTIMIZERS:
+        return []
+    if not cuda_available():
+        return [
+            f"optim={name} is a bitsandbytes optimizer, for CUDA GPUs, and this machine has none: "
+            "--optim adamw_torch (the recipe's AdamW)"
+        ]
+    if installed_version("bitsandbytes") is None:
+        return [f"optim={name} needs bitsandbytes, which is not installed: {GPU_EXTRAS} (or --optim adamw_torch)"]
+    return []
+
+
 def vllm(v: dict) -> list[str]:
     if not v["use_vllm"]:
         return []
@@ -495,9 +520,35 @@ def evaluation_processes(v: dict) -> list[str]:
     return out
 
 
+def updates_per_generation(v: dict) -> float:
+    """Optimizer steps each generation batch serves (TRL's steps_per_generation or generation_batch_size, over the
+    accumulation), times num_iterations: above 1, the policy has moved since it sampled, and its ratio leaves 1."""
+    accumulation = v["gradient_accumulation_steps"]
+    steps = v["steps_per_generation"]
+    if steps is None and v["generation_batch_size"]:
+        steps = v["generation_batch_size"] / (v["per_device_train_batch_size"] * world_size())
+    return (steps or accumulation) / accumulation * v["num_iterations"]
+
+
 def warnings(v: dict) -> list[str]:
     """Settings that work but are probably not what the user wants: one line each."""
     out = []
+    clipping = [
+        f"{name}={v[name]}"
+        for name, default in (("epsilon_high", None), ("epsilon", 0.2), ("importance_sampling_level", "token"))
+        if v[name] != default
+    ]
+    if clipping and updates_per_generation(v) <= 1 and not v["use_vllm"]:
+        out.append(
+            f"{', '.join(clipping)}: clipping acts only where the policy has moved since it sampled, and here each "
+            "generation batch serves one update, so the ratio stays 1 and nothing is clipped: "
+            f"--steps_per_generation {4 * v['gradient_accumulation_steps']} (4 updates a batch, as configs/dapo.yaml)"
+        )
+    if v["multi_objective_aggregation"] == "normalize_then_sum" and v["scale_rewards"] != "group":
+        out.append(
+            f"scale_rewards={v['scale_rewards']} is not used with multi_objective_aggregation=normalize_then_sum: "
+            "TRL normalises each reward in its group, then the sum over the batch"
+        )
     full_bf16 = v["dtype"] in ("bfloat16", "float16") and not v["use_peft"] and zero_stage() is None
     if full_bf16 and not v["use_cpu"]:
         out.append(

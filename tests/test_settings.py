@@ -386,14 +386,6 @@ def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
 # LoRA, QLoRA, vLLM and several processes
 
 
-@pytest.fixture
-def gpu_extras(fake_cuda, monkeypatch):
-    """A CUDA machine with the GPU extras installed, as far as the checks can tell."""
-    versions = {"vllm": "0.30.0", "bitsandbytes": "0.50.2", "flash-attn": "2.8.3"}
-    monkeypatch.setattr(checks, "installed_version", versions.get)
-    return versions
-
-
 def test_use_peft_turns_on_the_references_lora():
     from trl import get_peft_config, get_quantization_config
 
