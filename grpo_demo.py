@@ -365,7 +365,7 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
+    from grpo_kit import data, evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
@@ -376,13 +376,17 @@ def main(argv: list[str] | None = None) -> None:
     if run.ask:  # a sampled answer of a saved model to a question of your own
         return modes.ask(run.ask, model_args, training_args, fmt)
 
-    # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
-    test = get_gsm8k_questions("test", run.dataset, run.strict_data, tags) if evaluation.measures(run) else None
+    # 1. data: chat prompts with canonical answers; accuracy on the test split, or on the train rows held out for
+    # validation (--eval_split validation: never trained on); over-long prompts dropped
+    on_test = evaluation.measures(run) and run.eval_split == "test"
+    test = get_gsm8k_questions("test", run.dataset, run.strict_data, tags) if on_test else None
     shows_train = "kshot" in run.eval_protocols  # k-shot evaluation shows worked train solutions
+    needs_train = not run.eval_only or shows_train or run.eval_split == "validation"
+    train = get_gsm8k_questions("train", run.dataset, run.strict_data, tags) if needs_train else None
+    train, validation = data.hold_out(train, run.validation_rows)  # a fixed draw, whatever the seed
+    test = validation if run.eval_split == "validation" else test
     if run.eval_only:
-        shots = get_gsm8k_questions("train", run.dataset, run.strict_data, tags) if shows_train else None
-        return modes.evaluate_only(test, shots, run, training_args, model_args, fmt)
-    train = get_gsm8k_questions("train", run.dataset, run.strict_data, tags)
+        return modes.evaluate_only(test, train if shows_train else None, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
     train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 

@@ -158,6 +158,7 @@ FIXED_ON_RESUME = (
     ],
     ("dataset", "run"),
     ("max_prompt_tokens", "run"),
+    ("validation_rows", "run"),
     ("reasoning_tag", "run"),
     ("answer_tag", "run"),
 )  # fmt: skip
@@ -246,6 +247,13 @@ def sizes(v: dict) -> list[str]:
     for name in ("eval_subset", "eval_batch_size", "eval_limit"):
         if v[name] is not None and v[name] <= 0:
             out.append(f"{name}={v[name]}: must be at least 1")
+    if v["validation_rows"] < 0:
+        out.append(f"validation_rows={v['validation_rows']}: the train rows held out for validation, 0 or more")
+    if v["eval_split"] == "validation" and v["validation_rows"] <= 0:
+        out.append(
+            "eval_split=validation measures the train rows --validation_rows holds out: set how many "
+            "(e.g. --validation_rows 500), or --eval_split test"
+        )
     if v["eval_every_steps"] < 0:
         out.append(f"eval_every_steps={v['eval_every_steps']}: 0 turns in-training accuracy off, N > 0 runs it")
     if not (math.isfinite(v["learning_rate"]) and v["learning_rate"] > 0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def load_split(split: str, dataset_dir: str | None, hub_name: str, hub_config: s
             "or try the whole recipe on generated problems: --smoke"
         )
     return list(enumerate(data)), {}, f"{hub_name} {split} rows"
+
+
+VALIDATION_SEED = 1234  # one draw whatever the training seed: runs and a search's trials hold out the same rows
+
+
+def hold_out(train, n: int):
+    """(`train` less `n` rows, those `n` rows): a validation split carved from the training rows by a fixed random
+    draw, never trained on, so that tuning never looks at the test split. (train, None) when `n` is 0."""
+    if train is None or n <= 0:
+        return train, None
+    if n >= len(train):
+        sys.exit(f"validation_rows={n}: the train split has {len(train)} usable rows: hold out fewer")
+    order = random.Random(VALIDATION_SEED).sample(range(len(train)), len(train))
+    logger.info("Validation: %d of %d train rows held out (seed %d), never trained on", n, len(train), VALIDATION_SEED)
+    return train.select(sorted(order[n:])), train.select(sorted(order[:n]))
 
 
 def report_bad_rows(bad: dict[str, list[int]], kept: int, split: str, named: str, strict: bool) -> None:

@@ -38,6 +38,12 @@ class RunArguments:
         metadata={"help": "The reasoning block's tag, in prompt, rewards and evaluation alike (think: <think>)"},
     )
     answer_tag: str = field(default="answer", metadata={"help": "The answer block's tag (<answer>...</answer>)"})
+    validation_rows: int = field(
+        default=0,
+        metadata={
+            "help": "Train rows held out as a validation split (a fixed draw, whatever the seed), never trained on"
+        },
+    )
     strict_data: bool = field(
         default=False, metadata={"help": "Stop on a bad data row instead of dropping it (and saying so)"}
     )
@@ -60,6 +66,14 @@ class RunArguments:
         default=50, metadata={"help": "Accuracy on eval_subset test questions every N steps, logged; 0: off"}
     )
     eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
+    eval_split: str = field(
+        default="test",
+        metadata={
+            "help": "What the accuracy evaluations measure: test, or validation (the rows --validation_rows holds out "
+            "of train: for tuning, so that the test split stays unseen)",
+            "choices": ["test", "validation"],
+        },
+    )
     eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
     eval_batch_size: int = field(default=64, metadata={"help": "Questions generated together, per process"})
     eval_protocols: list[str] = field(

@@ -221,6 +221,9 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--eval_shots", "0"], "eval_shots=0: the kshot protocol shows 1 to 32 worked examples"),
         (["--eval_samples", "-1"], "eval_samples=-1: 0 (greedy only) or the samples per question"),
         (["--eval_temperature", "0"], "eval_temperature=0.0: sampling needs a positive temperature"),
+        (["--eval_split", "validation"], "eval_split=validation measures the train rows --validation_rows holds out"),
+        (["--eval_split", "dev"], "invalid choice: 'dev' (choose from 'test', 'validation')"),
+        (["--validation_rows", "-1"], "validation_rows=-1: the train rows held out for validation, 0 or more"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):
