@@ -81,7 +81,7 @@ def run(objective: str, seed: int, folder: Path) -> dict:
         "gained": paired["gained"],
         "lost": paired["lost"],
         "p_value": paired["p_value"],
-        "correctness_per_step": [e[CORRECTNESS] for e in state["log_history"] if CORRECTNESS in e],
+        "correctness": [[e["step"], e[CORRECTNESS]] for e in state["log_history"] if CORRECTNESS in e],
         "seconds": float((out / "seconds.txt").read_text()) if (out / "seconds.txt").is_file() else None,
     }
 
@@ -132,21 +132,21 @@ def plot(results: list[dict], path: Path) -> None:
     left.legend(loc="lower right", fontsize=8)
     left.set_title("each seed with its 95 % interval; the bar is the mean", fontsize=9)
     for x, objective in enumerate(objectives):
-        curves = [r["correctness_per_step"] for r in results if r["objective"] == objective]
-        steps = min(len(c) for c in curves)
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(steps)]
-        right.plot(range(1, steps + 1), mean, color=f"C{x}", label=LABELS[objective])
+        curves = [dict(r["correctness"]) for r in results if r["objective"] == objective]
+        steps = sorted(set.intersection(*(set(c) for c in curves)))  # DAPO, GSPO: a reward per generation batch
+        right.plot(steps, [sum(c[s] for c in curves) / len(curves) for s in steps], color=f"C{x}",
+                   marker="o" if objective in OFF_POLICY else None, markersize=3, label=LABELS[objective])  # fmt: skip
     right.set_xlabel("GRPO step")
-    right.set_ylabel("correctness reward, mean over completions and seeds (of 2.0)")
+    right.set_ylabel("correctness reward (of 2.0)")
     right.legend(fontsize=8)
-    right.set_title("training reward", fontsize=9)
+    right.set_title("training reward, mean over seeds (DAPO, GSPO: one per generation batch)", fontsize=9)
     seeds = sorted({r["seed"] for r in results})
     fig.suptitle(
         f"--demo under each objective, seeds {', '.join(map(str, seeds))}: a 0.35 M-parameter model on generated sums, "
         f"{before['n']} held-out problems, CPU (not GSM8K)",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
 
 
