@@ -204,27 +204,6 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
     return Dataset.from_list(rows)
 
 
-def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
-    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
-    lengths = [
-        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False))
-        for p in data["prompt"]
-    ]
-    long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
-    logger.info(
-        "Prompts: %d rows, %d-%d tokens; %d over %d tokens dropped%s",
-        len(lengths),
-        min(lengths, default=0),
-        max(lengths, default=0),
-        len(long_rows),
-        max_tokens,
-        f" (rows {long_rows[:20]})" if long_rows else "",
-    )
-    if len(long_rows) == len(lengths):
-        sys.exit(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
-    return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Rewards: pure functions of TRL's conversational completions, one float per completion, never raising.
 
@@ -388,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     if run.eval_only:
         return modes.evaluate_only(test, train if shows_train else None, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
-    train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
+    train = data.drop_long_prompts(train, tokenizer, run.max_prompt_tokens)  # a cut question is unanswerable
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)

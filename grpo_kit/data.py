@@ -86,3 +86,24 @@ def report_bad_rows(bad: dict[str, list[int]], kept: int, split: str, named: str
         logger.warning("Dropped %s", message)
     if not kept:
         sys.exit(f"No usable {split} rows in {named.rsplit(' ', 1)[0]}: every row was dropped (see above)")
+
+
+def drop_long_prompts(data, tokenizer, max_tokens: int):
+    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
+    lengths = [
+        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False))
+        for p in data["prompt"]
+    ]
+    long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
+    logger.info(
+        "Prompts: %d rows, %d-%d tokens; %d over %d tokens dropped%s",
+        len(lengths),
+        min(lengths, default=0),
+        max(lengths, default=0),
+        len(long_rows),
+        max_tokens,
+        f" (rows {long_rows[:20]})" if long_rows else "",
+    )
+    if len(long_rows) == len(lengths):
+        sys.exit(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
+    return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data
