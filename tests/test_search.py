@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,25 @@ def test_a_study_records_failed_trials_and_writes_the_best_settings_a_run_takes(
     assert "the recipe's weights (all 1): 75.0 %" in (folder / "best.yaml").read_text()  # 1 - |1 - 1.5| / 2
     printed = capsys.readouterr().out
     assert "| 2 | fail | - |" in printed and f"Best settings: {folder / 'best.yaml'}" in printed
+
+
+def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, monkeypatch):
+    """Trials run `-- --config base.yaml --max_steps 3`: best.yaml holds the file's settings (its env: too), the
+    command line's over them, the best trial's weights, the held-out rows; not a config: inside a config."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("demo: true\nmax_steps: 40\nlearning_rate: 1.0e-4\nenv:\n  MY_VARIABLE: x\n")
+    best = types.SimpleNamespace(user_attrs={"settings": {"reward_weights": [0.5, 1.0, 0.0, 2.0, 1.5]}})
+    study = types.SimpleNamespace(best_trial=best)
+    values = search.best_settings(study, ["--config=base.yaml", "--max_steps", "3", "--use_peft"], 256)
+    assert values == {
+        "demo": True,
+        "max_steps": 3,
+        "learning_rate": 1e-4,
+        "env": {"MY_VARIABLE": "x"},
+        "use_peft": True,
+        "reward_weights": [0.5, 1.0, 0.0, 2.0, 1.5],
+        "validation_rows": 256,
+    }
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
