@@ -6,6 +6,8 @@
     python grpo_demo.py --demo                            # offline, ~2 min on CPU: watch GRPO raise accuracy
     python grpo_demo.py --dataset ../gsm8k --max_steps 50 # a local GSM8K copy, a short run
     python grpo_demo.py --config my_recipe.yaml           # any GRPOConfig / ModelConfig field, as YAML
+    python grpo_demo.py --config configs/dr_grpo.yaml     # another objective: configs/ holds the GRPO variants
+    python -m grpo_kit.search --trials 20                 # search the reward weights with Optuna (optional)
 
 Every setting below is a default: any GRPOConfig or ModelConfig field can be overridden on the command line
 (`--learning_rate 1e-6`) or in a YAML file (`--config`), command line winning.
