@@ -9,9 +9,10 @@
 Each trial runs `python grpo_demo.py <recipe settings> --reward_weights w1 .. w5 [--learning_rate x]
 [--temperature t] --validation_rows N --eval_split validation --output_dir <folder>/trial-NNNN` in a subprocess
 (recipe settings are what follows `--`; none: `--demo` on a machine without CUDA, the recipe's own defaults with
-it). Its objective is the trained model's strict accuracy on the N train rows the run held out, a fixed draw that
-no trial trains on: the test split is never read. The first trial of a new study runs the recipe's weights (all 1),
-so every study holds the default to compare with, on the same seed and rows.
+it; in-training evaluations off unless they turn them on). Its objective is the trained model's strict accuracy
+on the N train rows the run held out, a fixed draw that no trial trains on: the test split is never read. The
+first trial of a new study runs the recipe's weights (all 1), so every study holds the default to compare with, on
+the same seed and rows.
 
 The study lives in an Optuna storage (SQLite in the folder by default; `--storage` takes any database URL Optuna
 accepts): run the same command again to go on where it stopped, or on several processes or machines at once to
@@ -72,7 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, required=True, help="finished trials the study should hold")
     parser.add_argument("--folder", type=Path, help="trial folders, logs, best.yaml; default outputs/search/<study>")
     parser.add_argument("--storage", help="an Optuna database URL; default sqlite:///<folder>/study.db")
-    parser.add_argument("--weights", nargs=2, type=float, default=[0.0, 2.0], metavar=("LOW", "HIGH"))
+    parser.add_argument(
+        "--weights", nargs=2, type=float, default=[0.0, 2.0], metavar=("LOW", "HIGH"), help="each weight's range"
+    )
     parser.add_argument("--learning_rate", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it (log scale)")
     parser.add_argument("--temperature", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it too")
     parser.add_argument(

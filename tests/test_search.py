@@ -22,7 +22,11 @@ from conftest import ROOT, offline_env
 import grpo_demo
 from grpo_kit import search, settings
 
-optuna = pytest.importorskip("optuna")  # pinned in requirements-dev.txt; the recipe runs without it
+try:
+    import optuna  # pinned in requirements-dev.txt; the recipe runs without it
+except ImportError:
+    optuna = None
+needs_optuna = pytest.mark.skipif(optuna is None, reason="optuna is not installed: pip install -r requirements-dev.txt")
 
 FAKE_RECIPE = '''"""A stand-in recipe: the real rewards, and a run that writes the evaluation a real run writes, at
 once. Its validation accuracy is highest where the correctness weight is 1.5; the run of trial FAIL_TRIAL fails."""
@@ -89,6 +93,7 @@ def test_without_optuna_the_search_says_how_to_install_it(fake_recipe, monkeypat
     assert "optuna==5.0.0" in pins and "optuna" not in (ROOT / "requirements.txt").read_text()
 
 
+@needs_optuna
 def test_a_study_records_failed_trials_and_writes_the_best_settings_a_run_takes(fake_recipe, capsys, monkeypatch):
     folder = fake_recipe.parent / "study"
     monkeypatch.setenv("FAIL_TRIAL", "trial-0002")
@@ -123,6 +128,23 @@ def test_a_study_records_failed_trials_and_writes_the_best_settings_a_run_takes(
     assert "| 2 | fail | - |" in printed and f"Best settings: {folder / 'best.yaml'}" in printed
 
 
+@pytest.mark.parametrize(("cuda", "recipe_args", "rows"), [(False, ["--demo"], 256), (True, [], 500)])
+def test_without_recipe_settings_a_cpu_searches_the_demo_and_a_gpu_box_the_recipe(
+    fake_recipe, monkeypatch, cuda, recipe_args, rows
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    args = search.parse_args(["--trials", "3", "--recipe", str(fake_recipe)])
+    assert (args.recipe_args, args.validation_rows) == (recipe_args, rows)
+    assert args.storage == f"sqlite:///{fake_recipe.parent / 'outputs' / 'search' / 'reward-weights' / 'study.db'}"
+    command, out = search.trial_command(args, 7, {"reward_weights": [1.0, 0.5, 0.0, 2.0, 1.25]})
+    assert command[command.index("--reward_weights") + 1 :][:5] == ["1.0", "0.5", "0.0", "2.0", "1.25"]
+    assert command[-6:-4] == ["--final_eval", "true"] and out == fake_recipe.parent / "outputs" / "search" / (
+        "reward-weights/trial-0007"
+    )
+
+
 def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, monkeypatch):
     """Trials run `-- --config base.yaml --max_steps 3`: best.yaml holds the file's settings (its env: too), the
     command line's over them, the best trial's weights, the held-out rows; not a config: inside a config."""
@@ -142,6 +164,7 @@ def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, 
     }
 
 
+@needs_optuna
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_a_trial_whose_worker_died_is_run_again_with_its_settings(fake_recipe):
     """A worker killed mid-trial (here: a process that has exited) leaves its trial running in the storage: the next
@@ -165,6 +188,7 @@ def test_a_trial_whose_worker_died_is_run_again_with_its_settings(fake_recipe):
     assert trials[1].params == trials[0].params
 
 
+@needs_optuna
 def test_a_study_goes_on_only_with_the_terms_it_started_with(fake_recipe, capsys):
     folder = fake_recipe.parent / "study"
     search.main(search_args(fake_recipe, folder, 1, "--", "--smoke"))
@@ -192,6 +216,7 @@ def wait_for(condition, process, what: str):
         time.sleep(0.2)
 
 
+@needs_optuna
 @pytest.mark.slow
 def test_a_killed_study_continues_from_its_storage_and_its_best_settings_train(tmp_path):
     """Two trials complete, the search is killed (SIGKILL) during the third; the same command continues to three,
@@ -274,6 +299,7 @@ if __name__ == "__main__":  # a trial run waits until another worker's trial has
 """
 
 
+@needs_optuna
 @pytest.mark.slow
 def test_two_workers_complete_distinct_trials_of_one_sqlite_study(tmp_path):
     folder, marks = tmp_path / "study", tmp_path / "marks"
