@@ -32,6 +32,7 @@ import sys
 from functools import partial
 
 from grpo_kit.answer_format import AnswerFormat, Tags, bind
+from grpo_kit.data import drop_long_prompts  # prompts over --max_prompt_tokens are dropped, and counted
 from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
 
 logger = logging.getLogger("grpo_demo")
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     if run.eval_only:
         return modes.evaluate_only(test, train if shows_train else None, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
-    train = data.drop_long_prompts(train, tokenizer, run.max_prompt_tokens)  # a cut question is unanswerable
+    train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     tracking.configure_wandb(training_args)

@@ -10,7 +10,6 @@ import pytest
 
 import grpo_demo
 from grpo_kit import smoke
-from grpo_kit.data import drop_long_prompts
 from grpo_kit.record import data_fingerprint
 
 
@@ -108,7 +107,7 @@ def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
     tokenizer = smoke.build_tokenizer(smoke.corpus(grpo_demo.ANSWER_FORMAT, rows), grpo_demo.ANSWER_FORMAT.tags)
     data = grpo_demo.get_gsm8k_questions("train", str(folder))
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
-        kept = drop_long_prompts(data, tokenizer, max_tokens=256)
+        kept = grpo_demo.drop_long_prompts(data, tokenizer, max_tokens=256)
     assert len(kept) == 5
     assert long_question not in kept["question"]
     assert "1 over 256 tokens dropped (rows [2])" in caplog.text
@@ -117,7 +116,7 @@ def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
 def test_every_prompt_over_the_cap_stops_the_run(tmp_path, tiny):
     data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=4, n_test=1)))
     with pytest.raises(SystemExit, match="Every prompt is over 10 tokens: nothing to train on. Raise --max_prompt"):
-        drop_long_prompts(data, tiny[0], max_tokens=10)
+        grpo_demo.drop_long_prompts(data, tiny[0], max_tokens=10)
 
 
 def test_the_same_data_gives_the_same_fingerprint_and_other_data_another(tmp_path):
