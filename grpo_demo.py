@@ -7,6 +7,8 @@
     python grpo_demo.py --dataset ../gsm8k --max_steps 50 # a local GSM8K copy, a short run
     python grpo_demo.py --config my_recipe.yaml           # any GRPOConfig / ModelConfig field, as YAML
     sbatch slurm/grpo.sbatch                              # Slurm: one node serves vLLM, the others train
+    python grpo_demo.py --config configs/dr_grpo.yaml     # another objective: configs/ holds the GRPO variants
+    python -m grpo_kit.search --trials 20                 # search the reward weights with Optuna (optional)
 
 Every setting below is a default: any GRPOConfig or ModelConfig field can be overridden on the command line
 (`--learning_rate 1e-6`) or in a YAML file (`--config`), command line winning.
@@ -20,14 +22,18 @@ Where this recipe departs from the reference script it descends from, and why:
 4. The model is placed by the trainer (no `.to("cuda")`), so `accelerate launch` puts each process on its own GPU.
 5. KL is off (`beta=0`, today's TRL default; the reference ran with 0.04): it saves the reference model's memory.
 6. Full fine-tuning keeps fp32 weights and computes in bf16: the reference's pure-bf16 weights lost most updates.
+7. The loss is today's TRL default, token-level (`loss_type="dapo"`); the reference's averaged each completion
+   first (`"grpo"`). `--config configs/reference_objective.yaml` trains the reference's objective.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 
-from grpo_kit.answer_format import AnswerFormat
+from grpo_kit.answer_format import AnswerFormat, Tags, bind
+from grpo_kit.data import drop_long_prompts  # prompts over --max_prompt_tokens are dropped, and counted
 from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
 
 logger = logging.getLogger("grpo_demo")
@@ -38,7 +44,7 @@ logger = logging.getLogger("grpo_demo")
 # model
 MODEL_NAME = "Qwen/Qwen2.5-1.5B-Instruct"  # or "meta-llama/Llama-3.2-1B-Instruct": outputs/ and run name follow
 
-# answer format
+# answer format: the default tags (--reasoning_tag, --answer_tag)
 REASONING_TAG = "reasoning"  # "think" gives the R1-style <think>...</think> format, in prompt and rewards alike
 ANSWER_TAG = "answer"
 
@@ -66,6 +72,11 @@ GRPO_DEFAULTS = dict(
     gradient_accumulation_steps=4,  # micro-steps per optimizer step: 4 prompts x 16 = 64 completions on one GPU
     max_completion_length=786,
     temperature=0.9,  # the reference ran TRL 0.14's default; today's is 1.0
+    # The objective: TRL 1.16's defaults, named because the reference's TRL 0.14 trained another one
+    # (configs/reference_objective.yaml restores it; README "Objectives" lists the others).
+    loss_type="dapo",  # all tokens of the accumulated batch weigh alike; the reference: "grpo", a mean per completion
+    scale_rewards="group",  # advantage = (reward - group mean) / group std, as in the reference; "none": Dr. GRPO's
+    beta=0.0,  # no KL penalty, so no reference model in memory; the reference: 0.04
     num_train_epochs=1,
     save_steps=100,
     save_total_limit=3,  # a full fine-tuning checkpoint of the 1.5B model is ~19 GB (fp32 weights + AdamW moments)
@@ -85,31 +96,38 @@ LORA_DEFAULTS = dict(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The answer format and its parsing
+# The answer format and its parsing: each function takes a run's tags, by default the constants above (as the
+# public names SYSTEM_PROMPT, XML_COT_FORMAT and the rewards called directly use them).
+
+TAGS = Tags(REASONING_TAG, ANSWER_TAG)
 
 
 def _tag_block(tag: str, body: str) -> str:
     return f"<{tag}>\n{body}\n</{tag}>\n"
 
 
-SYSTEM_PROMPT = (
-    "\nRespond in the following format:\n" + _tag_block(REASONING_TAG, "...") + _tag_block(ANSWER_TAG, "...")
-)
-XML_COT_FORMAT = _tag_block(REASONING_TAG, "{reasoning}") + _tag_block(ANSWER_TAG, "{answer}")
-
-R_OPEN, R_CLOSE = f"<{REASONING_TAG}>", f"</{REASONING_TAG}>"
-A_OPEN, A_CLOSE = f"<{ANSWER_TAG}>", f"</{ANSWER_TAG}>"
+def system_prompt(tags: Tags = TAGS) -> str:
+    """The format instructions every prompt opens with."""
+    return "\nRespond in the following format:\n" + _tag_block(tags.reasoning, "...") + _tag_block(tags.answer, "...")
 
 
-def extract_xml_answer(text: str) -> str:
+def solution_template(tags: Tags = TAGS) -> str:
+    """A perfectly formatted completion: a str.format template with {reasoning} and {answer}."""
+    return _tag_block(tags.reasoning, "{reasoning}") + _tag_block(tags.answer, "{answer}")
+
+
+SYSTEM_PROMPT, XML_COT_FORMAT = system_prompt(), solution_template()
+
+
+def extract_xml_answer(text: str, tags: Tags = TAGS) -> str:
     """The stripped content of the last complete <answer>...</answer> block; "" when there is none."""
-    close = text.rfind(A_CLOSE)
+    close = text.rfind(tags.a_close)
     if close < 0:
         return ""
-    start = text.rfind(A_OPEN, 0, close)
+    start = text.rfind(tags.a_open, 0, close)
     if start < 0:
         return ""
-    return text[start + len(A_OPEN) : close].strip()
+    return text[start + len(tags.a_open) : close].strip()
 
 
 def extract_hash_answer(text: str) -> str | None:
@@ -119,13 +137,13 @@ def extract_hash_answer(text: str) -> str | None:
     return text.split("####")[-1].strip().replace(",", "")
 
 
-def is_strict_format(text: str) -> bool:
+def is_strict_format(text: str, tags: Tags = TAGS) -> bool:
     """Whether `text` is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`: one final newline
     allowed, each tag once, nothing around it."""
     body = text[:-1] if text.endswith("\n") else text
-    if not all(body.count(tag) == 1 for tag in (R_OPEN, R_CLOSE, A_OPEN, A_CLOSE)):
+    if not all(body.count(tag) == 1 for tag in tags.written):
         return False  # each tag once: no nested or repeated blocks
-    head, middle, tail = R_OPEN + "\n", f"\n{R_CLOSE}\n{A_OPEN}\n", "\n" + A_CLOSE
+    head, middle, tail = tags.r_open + "\n", f"\n{tags.r_close}\n{tags.a_open}\n", "\n" + tags.a_close
     split = body.find(middle)
     return (
         body.startswith(head)
@@ -135,31 +153,31 @@ def is_strict_format(text: str) -> bool:
     )
 
 
-def is_soft_format(text: str) -> bool:
+def is_soft_format(text: str, tags: Tags = TAGS) -> bool:
     """Whether `text` opens (after any whitespace) with a reasoning block followed, whitespace between allowed, by
     an answer block; line breaks anywhere inside, text after it allowed."""
     text = text.lstrip()
-    if not text.startswith(R_OPEN):
+    if not text.startswith(tags.r_open):
         return False
-    close = text.find(R_CLOSE)
+    close = text.find(tags.r_close)
     if close < 0:
         return False
-    rest = text[close + len(R_CLOSE) :].lstrip()
-    return rest.startswith(A_OPEN) and rest.find(A_CLOSE, len(A_OPEN)) >= 0
+    rest = text[close + len(tags.r_close) :].lstrip()
+    return rest.startswith(tags.a_open) and rest.find(tags.a_close, len(tags.a_open)) >= 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
 
 
-def chat_prompt(question: str) -> list[dict]:
+def chat_prompt(question: str, tags: Tags = TAGS) -> list[dict]:
     """The conversation the model answers: the format instructions as the system message, then the question."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": system_prompt(tags)}, {"role": "user", "content": question}]
 
 
-def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False):
-    """GSM8K as system+user chat prompts with canonical gold answers: columns `question`, `prompt`, `answer`, and
-    `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
+def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False, tags: Tags = TAGS):
+    """GSM8K as system+user chat prompts (in `tags`) with canonical gold answers: columns `question`, `prompt`,
+    `answer`, and `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
 
     Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
     a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
@@ -184,30 +202,10 @@ def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, st
         elif parse_number(solution.rsplit("####", 1)[-1]) is None:  # as written: `1,2` is no number, `1,200` is
             bad.setdefault("a gold answer that is no number", []).append(where)
         else:
-            rows.append({"question": question, "prompt": chat_prompt(question), "answer": answer, "solution": solution})
+            prompt = chat_prompt(question, tags)
+            rows.append({"question": question, "prompt": prompt, "answer": answer, "solution": solution})
     report_bad_rows(bad, len(rows), split, named, strict)
     return Dataset.from_list(rows)
-
-
-def drop_long_prompts(data, tokenizer, max_tokens: int = MAX_PROMPT_TOKENS):
-    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
-    lengths = [
-        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False))
-        for p in data["prompt"]
-    ]
-    long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
-    logger.info(
-        "Prompts: %d rows, %d-%d tokens; %d over %d tokens dropped%s",
-        len(lengths),
-        min(lengths, default=0),
-        max(lengths, default=0),
-        len(long_rows),
-        max_tokens,
-        f" (rows {long_rows[:20]})" if long_rows else "",
-    )
-    if len(long_rows) == len(lengths):
-        sys.exit(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
-    return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -219,13 +217,13 @@ def completion_texts(completions) -> list[str]:
     return [c if isinstance(c, str) else (c[0].get("content") or "") if c else "" for c in completions]
 
 
-def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[float]:
+def correctness_reward_func(prompts, completions, answer, tags: Tags = TAGS, **kwargs) -> list[float]:
     """2.0 if the last answer block commits to the gold number, else 0.0.
 
     Numbers are compared, not strings: `1,080`, `$1080`, `1080.00`, `\\boxed{1080}` and `1080 apples` all
     equal gold `1080`. A number outside the answer block does not count.
     """
-    extracted = [extract_xml_answer(t) for t in completion_texts(completions)]
+    extracted = [extract_xml_answer(t, tags) for t in completion_texts(completions)]
     if "log_extra" in kwargs:  # shown beside each completion in TRL's completions table
         kwargs["log_extra"]("gold", list(answer))
         kwargs["log_extra"]("extracted", extracted)
@@ -236,45 +234,45 @@ def correctness_reward_func(prompts, completions, answer, **kwargs) -> list[floa
     ]
 
 
-def int_reward_func(completions, **kwargs) -> list[float]:
+def int_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the answer block is exactly an integer as GSM8K writes them (`72`, `-3`, `1,080`), else 0.0."""
-    return [0.5 if is_gsm8k_integer(extract_xml_answer(t)) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_gsm8k_integer(extract_xml_answer(t, tags)) else 0.0 for t in completion_texts(completions)]
 
 
-def strict_format_reward_func(completions, **kwargs) -> list[float]:
+def strict_format_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the completion is exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>` (one final
     newline allowed, each tag once, nothing around it), else 0.0."""
-    return [0.5 if is_strict_format(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_strict_format(t, tags) else 0.0 for t in completion_texts(completions)]
 
 
-def soft_format_reward_func(completions, **kwargs) -> list[float]:
+def soft_format_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """0.5 if the completion opens (after any whitespace) with a reasoning block followed, whitespace between
     allowed, by an answer block; line breaks anywhere inside, text after it allowed; else 0.0."""
-    return [0.5 if is_soft_format(t) else 0.0 for t in completion_texts(completions)]
+    return [0.5 if is_soft_format(t, tags) else 0.0 for t in completion_texts(completions)]
 
 
-def count_xml(text: str) -> float:
+def count_xml(text: str, tags: Tags = TAGS) -> float:
     """The reference's tag-by-tag score: 0.125 for each of `<reasoning>\\n`, `\\n</reasoning>\\n`, `\\n<answer>\\n`
     and `\\n</answer>` appearing exactly once, the two answer tags losing 0.001 per character after the closing
     tag (a final newline is free), never below 0. From 0.0 to 0.5; a strictly formatted completion earns 0.5."""
-    close = "\n" + A_CLOSE
+    close = "\n" + tags.a_close
     after = text.rsplit(close, 1)[1] if close in text else ""
     penalty = 0.001 * (len(after) - after.startswith("\n"))
     score = 0.0
-    if text.count(R_OPEN + "\n") == 1:
+    if text.count(tags.r_open + "\n") == 1:
         score += 0.125
-    if text.count(f"\n{R_CLOSE}\n") == 1:
+    if text.count(f"\n{tags.r_close}\n") == 1:
         score += 0.125
-    if text.count(f"\n{A_OPEN}\n") == 1:
+    if text.count(f"\n{tags.a_open}\n") == 1:
         score += max(0.0, 0.125 - penalty)
     if text.count(close) == 1:
         score += max(0.0, 0.125 - penalty)
     return score
 
 
-def xmlcount_reward_func(completions, **kwargs) -> list[float]:
+def xmlcount_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
     """`count_xml` of each completion: 0.0 to 0.5 (see there)."""
-    return [count_xml(t) for t in completion_texts(completions)]
+    return [count_xml(t, tags) for t in completion_texts(completions)]
 
 
 REWARD_FUNCS = [
@@ -285,16 +283,26 @@ REWARD_FUNCS = [
     correctness_reward_func,
 ]
 
-# What the evaluation, --ask and the offline presets need to know of this recipe's format: handed to them, so that
-# an edited copy of this file evaluates and builds its assets in its own format.
-ANSWER_FORMAT = AnswerFormat(
-    chat_prompt=chat_prompt,
-    solution_template=XML_COT_FORMAT,
-    tags=(R_OPEN, R_CLOSE, A_OPEN, A_CLOSE),
-    extract_answer=extract_xml_answer,
-    is_strict_format=is_strict_format,
-    is_soft_format=is_soft_format,
-)
+
+def reward_funcs(tags: Tags = TAGS) -> list:
+    """The five rewards reading completions in `tags`, each under its own name."""
+    return [bind(func, tags=tags) for func in REWARD_FUNCS]
+
+
+def answer_format(tags: Tags = TAGS) -> AnswerFormat:
+    """What the evaluation, --ask, the offline presets and the health checks need to know of the format in `tags`:
+    handed to them, so that an edited copy of this file, or a run with other tags, is measured as it trains."""
+    return AnswerFormat(
+        chat_prompt=partial(chat_prompt, tags=tags),
+        solution_template=solution_template(tags),
+        tags=tags.written,
+        extract_answer=partial(extract_xml_answer, tags=tags),
+        is_strict_format=partial(is_strict_format, tags=tags),
+        is_soft_format=partial(is_soft_format, tags=tags),
+    )
+
+
+ANSWER_FORMAT = answer_format()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -303,7 +311,8 @@ ANSWER_FORMAT = AnswerFormat(
 
 def recipe_defaults() -> dict:
     """The constants above, as the defaults of settings (GRPOConfig, ModelConfig and the run's own fields)."""
-    return {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, "max_prompt_tokens": MAX_PROMPT_TOKENS}
+    own = {"max_prompt_tokens": MAX_PROMPT_TOKENS, "reasoning_tag": REASONING_TAG, "answer_tag": ANSWER_TAG}
+    return {**GRPO_DEFAULTS, **LORA_DEFAULTS, "model_name_or_path": MODEL_NAME, **own}
 
 
 def parse_settings(argv: list[str] | None = None):
@@ -311,7 +320,7 @@ def parse_settings(argv: list[str] | None = None):
     each value checked before anything is loaded or downloaded."""
     from grpo_kit import settings
 
-    return settings.parse(argv, recipe_defaults(), ANSWER_FORMAT, REWARD_FUNCS)
+    return settings.parse(argv, recipe_defaults(), REWARD_FUNCS)
 
 
 def weights_dtype(model_args, training_args) -> str:
@@ -339,21 +348,27 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
+    from grpo_kit import data, evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
     from grpo_kit.stopping import exit_if_stopped, on_signals
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
+    tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
+    fmt, rewards = answer_format(tags), reward_funcs(tags)
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
         folders.claim(training_args.output_dir)  # one run per output folder
-    presets.prepare(run, training_args, model_args, ANSWER_FORMAT)  # --smoke/--demo: a tiny model, generated data
+    presets.prepare(run, training_args, model_args, fmt)  # --smoke/--demo: a tiny model, generated data
     if run.ask:  # a sampled answer of a saved model to a question of your own
-        return modes.ask(run.ask, model_args, training_args, ANSWER_FORMAT)
+        return modes.ask(run.ask, model_args, training_args, fmt)
 
-    # 1. data: chat prompts with canonical answers; the test split for accuracy; over-long prompts dropped
-    test = get_gsm8k_questions("test", run.dataset, run.strict_data) if evaluation.measures(run) else None
-    train = get_gsm8k_questions("train", run.dataset, run.strict_data) if evaluation.reads_train(run) else None
-    if run.eval_only:  # k-shot evaluation shows worked solutions from the whole train split
-        return modes.evaluate_only(test, train, run, training_args, model_args, ANSWER_FORMAT)
+    # 1. data: chat prompts with canonical answers; accuracy on the test split, or on the train rows held out for
+    # validation (--eval_split validation: never trained on); over-long prompts dropped
+    on_test = evaluation.measures(run) and run.eval_split == "test"
+    test = get_gsm8k_questions("test", run.dataset, run.strict_data, tags) if on_test else None
+    train = get_gsm8k_questions("train", run.dataset, run.strict_data, tags) if evaluation.reads_train(run) else None
+    train, validation = data.hold_out(train, run.validation_rows)  # a fixed draw, whatever the seed
+    test = validation if run.eval_split == "validation" else test
+    if run.eval_only:  # k-shot evaluation shows worked solutions from the train split
+        return modes.evaluate_only(test, train, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
     examples, train = train, drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
@@ -365,15 +380,15 @@ def main(argv: list[str] | None = None) -> None:
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         processing_class=tokenizer,
-        reward_funcs=REWARD_FUNCS,
+        reward_funcs=rewards,
         args=training_args,
         train_dataset=train,
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
-    trainer.add_callback(evaluation.callback(trainer, test, run, ANSWER_FORMAT, examples))  # before, during, after
-    watcher = health.watch(trainer, run.health_checks_off, REWARD_FUNCS, ANSWER_FORMAT)  # truncation, NaN... said
+    trainer.add_callback(evaluation.callback(trainer, test, run, fmt, examples))  # before, during, after training
+    watcher = health.watch(trainer, run.health_checks_off, rewards, fmt)  # truncation, NaN... said as they happen
     record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
     # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1

@@ -9,4 +9,5 @@ what it needs of it (the answer format, the rewards, the defaults) is passed in.
 - `modes`: `--eval_only` and `--ask`.
 - `record`, `tracking`, `plots`: the run record, wandb set-up, the curves picture.
 - `merge`: a LoRA adapter merged into its base model (`python -m grpo_kit.merge`).
+- `search`: the reward-weight search, an Optuna study of recipe runs (`python -m grpo_kit.search`).
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 from grpo_kit import folders, presets, smoke
 from grpo_kit.models import GPU_EXTRAS
 
-TAG_RE = re.compile(r"<([A-Za-z][A-Za-z0-9_-]*)>")
+TAG_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 RESUME_LATEST = ("latest", "true", "True", "1")
 VLLM_RANGE = ("0.22.0", "0.31.0")  # the versions TRL 1.16 accepts (trl/import_utils.py, is_vllm_available)
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
@@ -158,6 +158,9 @@ FIXED_ON_RESUME = (
     ],
     ("dataset", "run"),
     ("max_prompt_tokens", "run"),
+    ("validation_rows", "run"),
+    ("reasoning_tag", "run"),
+    ("answer_tag", "run"),
 )  # fmt: skip
 
 
@@ -184,19 +187,20 @@ def changed_since_start(v: dict, record: dict) -> list[str]:
 # The checks
 
 
-def problems(v: dict, *, n_rewards: int, tags: tuple[str, ...]) -> list[str]:
+def problems(v: dict, *, n_rewards: int) -> list[str]:
     """Every problem with the resolved settings `v` that shows without loading anything."""
     preset = presets.chosen(v)
     return [
         *sizes(v),
         *groups_fit_the_batch(v),
         *reward_weights(v, n_rewards),
-        *tag_names(tags),
+        *tag_names(v),
         *local_paths(v, preset),
         *output_folder(v),
         *existing_checkpoints(v, preset),
         *adapters(v),
         *quantization(v),
+        *optimizer(v),
         *vllm(v),
         *generation_precision(v),
         *evaluation_processes(v),
@@ -243,6 +247,13 @@ def sizes(v: dict) -> list[str]:
     for name in ("eval_subset", "eval_batch_size", "eval_limit"):
         if v[name] is not None and v[name] <= 0:
             out.append(f"{name}={v[name]}: must be at least 1")
+    if v["validation_rows"] < 0:
+        out.append(f"validation_rows={v['validation_rows']}: the train rows held out for validation, 0 or more")
+    if v["eval_split"] == "validation" and v["validation_rows"] <= 0:
+        out.append(
+            "eval_split=validation measures the train rows --validation_rows holds out: set how many "
+            "(e.g. --validation_rows 500), or --eval_split test"
+        )
     if v["eval_every_steps"] < 0:
         out.append(f"eval_every_steps={v['eval_every_steps']}: 0 turns in-training accuracy off, N > 0 runs it")
     if not (math.isfinite(v["learning_rate"]) and v["learning_rate"] > 0):
@@ -303,15 +314,15 @@ def reward_weights(v: dict, n_rewards: int) -> list[str]:
     return []
 
 
-def tag_names(tags: tuple[str, ...]) -> list[str]:
-    """The answer format's opening tags: `<name>`, a name TRL's logs and the tokenizer treat as one word."""
+def tag_names(v: dict) -> list[str]:
+    """The answer format's tags: names TRL's logs and the tokenizer treat as one word, and two different ones."""
     out = [
-        f"answer format tag {tag!r}: a tag is '<' a letter, then letters, digits, '_' or '-', then '>' (e.g. '<think>')"
-        for tag in tags[::2]
-        if not TAG_RE.fullmatch(tag)
+        f"{name}={v[name]!r}: a tag's name is a letter, then letters, digits, '_' or '-' (e.g. think, for <think>)"
+        for name in ("reasoning_tag", "answer_tag")
+        if not TAG_NAME_RE.fullmatch(v[name])
     ]
-    if tags[0] == tags[2]:
-        out.append(f"the reasoning and answer tags are both {tags[0]!r}: they must differ")
+    if v["reasoning_tag"] == v["answer_tag"]:
+        out.append(f"reasoning_tag and answer_tag are both {v['answer_tag']!r}: the two blocks need different tags")
     return out
 
 
@@ -424,6 +435,30 @@ def quantization(v: dict) -> list[str]:
     return out
 
 
+# transformers' optimizers that bitsandbytes implements (OptimizerNames): 8-bit states, paged memory.
+BNB_OPTIMIZERS = {
+    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "lion_8bit", "lion_32bit",
+    "paged_lion_32bit", "paged_lion_8bit", "ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+}  # fmt: skip
+
+
+def optimizer(v: dict) -> list[str]:
+    """A bitsandbytes optimizer (configs/unsloth_llama8b_qlora.yaml's paged 8-bit AdamW) fails only once the model
+    has loaded, at the first step, without either."""
+    name = str(v["optim"])
+    if name not in BNB_OPTIMIZERS:
+        return []
+    if not cuda_available():
+        return [
+            f"optim={name} is a bitsandbytes optimizer, for CUDA GPUs, and this machine has none: "
+            "--optim adamw_torch (the recipe's AdamW)"
+        ]
+    if installed_version("bitsandbytes") is None:
+        return [f"optim={name} needs bitsandbytes, which is not installed: {GPU_EXTRAS} (or --optim adamw_torch)"]
+    return []
+
+
 def vllm(v: dict) -> list[str]:
     if not v["use_vllm"]:
         return []
@@ -493,6 +528,16 @@ def evaluation_processes(v: dict) -> list[str]:
     return out
 
 
+def updates_per_generation(v: dict) -> float:
+    """Optimizer steps each generation batch serves (TRL's steps_per_generation or generation_batch_size, over the
+    accumulation), times num_iterations: above 1, the policy has moved since it sampled, and its ratio leaves 1."""
+    accumulation = v["gradient_accumulation_steps"]
+    steps = v["steps_per_generation"]
+    if steps is None and v["generation_batch_size"]:
+        steps = v["generation_batch_size"] / (v["per_device_train_batch_size"] * world_size())
+    return (steps or accumulation) / accumulation * v["num_iterations"]
+
+
 def warnings(v: dict) -> list[str]:
     """Settings that work but are probably not what the user wants: one line each."""
     out = []
@@ -502,6 +547,22 @@ def warnings(v: dict) -> list[str]:
         out.append(
             f"tiny_model={v['tiny_model']} chooses the model of --smoke and --demo only: this run trains "
             f"{v['model_name_or_path']}"
+        )
+    clipping = [
+        f"{name}={v[name]}"
+        for name, default in (("epsilon_high", None), ("epsilon", 0.2), ("importance_sampling_level", "token"))
+        if v[name] != default
+    ]
+    if clipping and updates_per_generation(v) <= 1 and not v["use_vllm"]:
+        out.append(
+            f"{', '.join(clipping)}: clipping acts only where the policy has moved since it sampled, and here each "
+            "generation batch serves one update, so the ratio stays 1 and nothing is clipped: "
+            f"--steps_per_generation {4 * v['gradient_accumulation_steps']} (4 updates a batch, as configs/dapo.yaml)"
+        )
+    if v["multi_objective_aggregation"] == "normalize_then_sum" and v["scale_rewards"] != "group":
+        out.append(
+            f"scale_rewards={v['scale_rewards']} is not used with multi_objective_aggregation=normalize_then_sum: "
+            "TRL normalises each reward in its group, then the sum over the batch"
         )
     full_bf16 = v["dtype"] in ("bfloat16", "float16") and not v["use_peft"] and zero_stage() is None
     if full_bf16 and not v["use_cpu"]:

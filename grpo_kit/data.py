@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -60,6 +61,21 @@ def load_split(split: str, dataset_dir: str | None, hub_name: str, hub_config: s
     return list(enumerate(data)), {}, f"{hub_name} {split} rows"
 
 
+VALIDATION_SEED = 1234  # one draw whatever the training seed: runs and a search's trials hold out the same rows
+
+
+def hold_out(train, n: int):
+    """(`train` less `n` rows, those `n` rows): a validation split carved from the training rows by a fixed random
+    draw, never trained on, so that tuning never looks at the test split. (train, None) when `n` is 0."""
+    if train is None or n <= 0:
+        return train, None
+    if n >= len(train):
+        sys.exit(f"validation_rows={n}: the train split has {len(train)} usable rows: hold out fewer")
+    order = random.Random(VALIDATION_SEED).sample(range(len(train)), len(train))
+    logger.info("Validation: %d of %d train rows held out (seed %d), never trained on", n, len(train), VALIDATION_SEED)
+    return train.select(sorted(order[n:])), train.select(sorted(order[:n]))
+
+
 def report_bad_rows(bad: dict[str, list[int]], kept: int, split: str, named: str, strict: bool) -> None:
     """Say how many rows of `split` were dropped and why, naming them (`named`: how their ids read, e.g.
     "data/train.jsonl lines"); stop instead with `strict`, or when nothing is left."""
@@ -70,3 +86,24 @@ def report_bad_rows(bad: dict[str, list[int]], kept: int, split: str, named: str
         logger.warning("Dropped %s", message)
     if not kept:
         sys.exit(f"No usable {split} rows in {named.rsplit(' ', 1)[0]}: every row was dropped (see above)")
+
+
+def drop_long_prompts(data, tokenizer, max_tokens: int):
+    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
+    lengths = [
+        len(tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False))
+        for p in data["prompt"]
+    ]
+    long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
+    logger.info(
+        "Prompts: %d rows, %d-%d tokens; %d over %d tokens dropped%s",
+        len(lengths),
+        min(lengths, default=0),
+        max(lengths, default=0),
+        len(long_rows),
+        max_tokens,
+        f" (rows {long_rows[:20]})" if long_rows else "",
+    )
+    if len(long_rows) == len(lengths):
+        sys.exit(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
+    return data.select(sorted(set(range(len(lengths))) - set(long_rows))) if long_rows else data

@@ -56,6 +56,7 @@ DEFAULTS = dict(
 )
 
 # The problems and the warm start (see the module docstring)
+ASSETS_SEED = 42  # fixed: --seed varies GRPO alone (sampling, data order), every seed starting from the same model
 N_TRAIN, N_TEST = 2000, 256
 COUNTING_SHARE = 0.3  # of warm-start solutions; the rest answer in one line
 HIDDEN_SIZE, NUM_LAYERS = 128, 2

@@ -222,6 +222,7 @@ class AccuracyCallback(TrainerCallback):
         limit,
         protocols=(),
         sampling=None,
+        split="test",
     ):
         self.trainer = trainer
         self.rows = list(islice(rows or [], limit))
@@ -229,6 +230,7 @@ class AccuracyCallback(TrainerCallback):
         self.answer_format = answer_format
         self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
         self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
+        self.split = split  # the rows measured: "test", or "validation" (held out of train, --eval_split)
         self.before_and_after = before_and_after
         self.every_steps = every_steps
         self.batch_size = batch_size
@@ -265,6 +267,7 @@ class AccuracyCallback(TrainerCallback):
         for protocol in self.protocols:
             name = eval_name(base, protocol.name)
             summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
+            summary["split"] = self.split
             if base == "final":
                 summary["start_model"] = self.start_model
             if self.trainer.accelerator.is_main_process:
@@ -338,8 +341,9 @@ SHOTS_SEED = 1234  # the k-shot examples' draw, fixed whatever the training seed
 
 
 def reads_train(run) -> bool:
-    """Whether a run needs the train split: to train, or to show k-shot examples from it."""
-    return not run.eval_only or "kshot" in run.eval_protocols
+    """Whether a run needs the train split: to train, to show k-shot examples from it, or to measure the rows it
+    holds out for validation."""
+    return not run.eval_only or "kshot" in run.eval_protocols or run.eval_split == "validation"
 
 
 def sampling(run, training_args) -> dict:
@@ -364,4 +368,5 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
         limit=run.eval_limit,
         protocols=protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else (),
         sampling=sampling(run, trainer.args),
+        split=run.eval_split,
     )

@@ -81,6 +81,7 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
             summary, records = evaluation.evaluate(
                 model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings
             )
+        summary["split"] = run.eval_split
         if trained:
             summary["start_model"] = reports.start_model_of(path)
         if PartialState().is_main_process:

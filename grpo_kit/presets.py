@@ -63,7 +63,8 @@ def prepare(run, training_args, model_args, answer_format) -> None:
         if training_args.process_index == 0:
             if fresh and writes(preset, "output_dir", training_args.output_dir):
                 folders.clear_preset_folder(training_args.output_dir, name_of(preset))
-            preset.prepare(answer_format, model_args.model_name_or_path, run.dataset, training_args.seed)
+            seed = getattr(preset, "ASSETS_SEED", training_args.seed)  # the demo's start model: one for every seed
+            preset.prepare(answer_format, model_args.model_name_or_path, run.dataset, seed)
 
 
 def name_of(preset: ModuleType) -> str:

@@ -143,8 +143,11 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     with (folder / COMPLETIONS).open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     protocol = summary.get("protocol", "recipe")
+    protocol += (
+        " protocol, validation split (held out of train)" if summary.get("split") == "validation" else " protocol"
+    )
     lines = [
-        f"GSM8K {name}: {summary['model']}, {protocol} protocol, {summary['n']} questions, {summary['seconds']} s",
+        f"GSM8K {name}: {summary['model']}, {protocol}, {summary['n']} questions, {summary['seconds']} s",
         "| metric | value [95 % interval] |",
         "| --- | --- |",
         *(f"| {label} | {_cell(value, pct, interval=iv)} |" for _, label, value, pct, iv in _rows(summary)),

@@ -34,6 +34,17 @@ class RunArguments:
         default=None, metadata={"help": "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k"}
     )
     max_prompt_tokens: int = field(default=256, metadata={"help": "Longer prompts are dropped"})
+    reasoning_tag: str = field(
+        default="reasoning",
+        metadata={"help": "The reasoning block's tag, in prompt, rewards and evaluation alike (think: <think>)"},
+    )
+    answer_tag: str = field(default="answer", metadata={"help": "The answer block's tag (<answer>...</answer>)"})
+    validation_rows: int = field(
+        default=0,
+        metadata={
+            "help": "Train rows held out as a validation split (a fixed draw, whatever the seed), never trained on"
+        },
+    )
     strict_data: bool = field(
         default=False, metadata={"help": "Stop on a bad data row instead of dropping it (and saying so)"}
     )
@@ -64,6 +75,14 @@ class RunArguments:
         default=50, metadata={"help": "Accuracy on eval_subset test questions every N steps, logged; 0: off"}
     )
     eval_subset: int = field(default=100, metadata={"help": "The first N test questions, for eval_every_steps"})
+    eval_split: str = field(
+        default="test",
+        metadata={
+            "help": "What the accuracy evaluations measure: test, or validation (the rows --validation_rows holds out "
+            "of train: for tuning, so that the test split stays unseen)",
+            "choices": ["test", "validation"],
+        },
+    )
     eval_limit: int | None = field(default=None, metadata={"help": "Evaluate the first N test questions; default: all"})
     eval_batch_size: int = field(
         default=64,
@@ -222,7 +241,7 @@ def given_on_command_line(argv: list[str]) -> dict:
     return vars(namespace)
 
 
-def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_funcs: list) -> dict:
+def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
     """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
     order, checked: stops with one line per problem before anything is loaded."""
     import torch
@@ -267,7 +286,7 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, answer_format, reward
     own_model = presets.writes(preset, "model_name_or_path", values["model_name_or_path"])
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
         values["output_dir"] = str(model_dir)  # an evaluation lands beside the model it measured
-    found = checks.problems(values, n_rewards=len(reward_funcs), tags=answer_format.tags)
+    found = checks.problems(values, n_rewards=len(reward_funcs))
     if found:
         sys.exit("Invalid settings:\n" + "\n".join(f"  - {p}" for p in found))
     for warning in checks.warnings(values):
@@ -317,9 +336,9 @@ def resume(values: dict) -> str | None:
     return path
 
 
-def parse(argv: list[str] | None, recipe_defaults: dict, answer_format, reward_funcs: list):
+def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
-    values = resolve(argv, recipe_defaults, answer_format, reward_funcs)
+    values = resolve(argv, recipe_defaults, reward_funcs)
     run, training_args, model_args = _parser().parse_dict(values)
     if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
         # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.

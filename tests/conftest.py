@@ -123,6 +123,16 @@ def fake_cuda(monkeypatch):
     pretend_cuda(monkeypatch)
 
 
+@pytest.fixture
+def gpu_extras(fake_cuda, monkeypatch):
+    """A CUDA machine with the GPU extras installed, as far as the checks can tell."""
+    from grpo_kit import checks
+
+    versions = {"vllm": "0.30.0", "bitsandbytes": "0.50.2", "flash-attn": "2.8.3"}
+    monkeypatch.setattr(checks, "installed_version", versions.get)
+    return versions
+
+
 def pretend_cuda(monkeypatch) -> None:
     """See `fake_cuda`; for a `pytest.MonkeyPatch.context()` of a test's own."""
     import importlib.util

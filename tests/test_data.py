@@ -163,3 +163,26 @@ def test_a_line_nested_deeper_than_the_parser_goes_is_dropped(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="grpo_demo"):
         assert grpo_demo.get_gsm8k_questions("train", str(tmp_path))["answer"] == ["3"]
     assert "train.jsonl lines [2])" in caplog.text
+
+
+def test_validation_rows_are_held_out_of_training_the_same_for_every_run(gsm8k_dir):
+    """--validation_rows 16: 16 train rows drawn once (a fixed seed, whatever the training seed) for validation, the
+    other 48 trained on; none in both."""
+    from collections import Counter
+
+    from grpo_kit.data import hold_out
+
+    rows = grpo_demo.get_gsm8k_questions("train", str(gsm8k_dir))
+
+    def pairs(data):
+        return Counter(zip(data["question"], data["answer"], strict=True))
+
+    train, validation = hold_out(rows, 16)
+    assert (len(train), len(validation)) == (48, 16)
+    assert pairs(train) + pairs(validation) == pairs(rows)  # every row in exactly one of the two
+    again_train, again_validation = hold_out(rows, 16)
+    assert pairs(again_validation) == pairs(validation) and pairs(again_train) == pairs(train)  # one draw
+    assert validation["question"] != rows["question"][:16]  # drawn, not the first rows
+    assert hold_out(rows, 0) == (rows, None)
+    with pytest.raises(SystemExit, match="validation_rows=64: the train split has 64 usable rows: hold out fewer"):
+        hold_out(rows, 64)

@@ -92,6 +92,31 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     assert "Reusing the warm-started model" not in caplog.text
 
 
+def test_the_seed_varies_grpo_alone_not_the_demos_start_model(monkeypatch, tmp_path):
+    """`--demo --seed N` trains from the same problems and warm-started model whatever N (the assets' seed is fixed,
+    so runs of several seeds compare GRPO alone); the smoke preset's tiny model follows the seed."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from grpo_kit import presets, smoke
+
+    monkeypatch.chdir(tmp_path)
+    made = []
+    monkeypatch.setattr(demo, "prepare", lambda fmt, model, data, seed: made.append(("demo", seed)))
+    monkeypatch.setattr(smoke, "prepare", lambda fmt, model, data, seed: made.append(("smoke", seed)))
+    for preset, seed in (("demo", 7), ("demo", 1234), ("smoke", 7)):
+        run = SimpleNamespace(smoke=preset == "smoke", demo=preset == "demo", eval_only=False, ask=None, dataset=None)
+        args = SimpleNamespace(
+            seed=seed,
+            output_dir=str(tmp_path / "elsewhere"),
+            resume_from_checkpoint=None,
+            process_index=0,
+            main_process_first=lambda **kwargs: nullcontext(),
+        )
+        presets.prepare(run, args, SimpleNamespace(model_name_or_path="m"), FMT)
+    assert made == [("demo", demo.ASSETS_SEED), ("demo", demo.ASSETS_SEED), ("smoke", 7)]
+
+
 @pytest.mark.slow
 def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     """The whole demo as documented, fixed seed (the preset's): greedy strict accuracy on 256 held-out problems

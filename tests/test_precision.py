@@ -23,7 +23,7 @@ STEPS = 3
 def resolved(argv: list[str]) -> SimpleNamespace:
     """The recipe's settings for `argv`, resolved and checked as on the machine the test pretends to be (the
     trainer's own arguments would set up the device, so they are not built here)."""
-    values = settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.ANSWER_FORMAT, grpo_demo.REWARD_FUNCS)
+    values = settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
     return SimpleNamespace(**values)
 
 

@@ -360,21 +360,14 @@ def test_kshot_prompts_that_do_not_fit_vllms_length_stop_before_it_starts(tiny, 
     modes.fits(tokenizer, [protocols.build("chat", FMT)], rows[1], args)  # a question alone fits
 
 
-def test_a_temperature_without_samples_is_said_to_do_nothing():
-    from grpo_kit import checks
-
-    assert any("no samples are drawn" in w for w in checks.warnings(SETTINGS | {"eval_temperature": 0.5}))
-    assert not any("no samples" in w for w in checks.warnings(SETTINGS | {"eval_temperature": 0.5, "eval_samples": 4}))
-
-
-SETTINGS = {
-    "dtype": None,
-    "use_peft": False,
-    "use_cpu": True,
-    "learning_rate": 5e-6,
-    "eval_samples": 0,
-    "tiny_model": "qwen2",
-}
+def test_a_temperature_without_samples_is_said_to_do_nothing(caplog):
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        grpo_demo.parse_settings(["--eval_temperature", "0.5"])
+    assert "eval_temperature is the temperature of eval_samples, which is 0: no samples are drawn" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        grpo_demo.parse_settings(["--eval_temperature", "0.5", "--eval_samples", "4"])
+    assert "no samples are drawn" not in caplog.text
 
 
 def test_the_table_names_each_protocols_reading_and_the_summary_keeps_the_first_prompt(tiny, rows, tmp_path, capsys):

@@ -324,6 +324,43 @@ def test_rewards_take_a_batch_and_plain_strings():
     assert [f(completions=texts, **batch) for f in REWARD_FUNCS] == expected  # standard (non-chat) format
 
 
+def test_tags_from_the_settings_change_prompt_rewards_and_evaluation_alike():
+    """--reasoning_tag think: the run builds its prompt, rewards and evaluation format from the tags it is given;
+    the public names keep the constants' format."""
+    import grpo_demo
+    from grpo_kit.answer_format import Tags
+
+    tags = Tags("think", "answer")
+    fmt, rewards = grpo_demo.answer_format(tags), grpo_demo.reward_funcs(tags)
+    think = "<think>\nSome steps.\n</think>\n<answer>\n18\n</answer>\n"
+    reasoning = "<reasoning>\nSome steps.\n</reasoning>\n<answer>\n18\n</answer>\n"
+    assert [func.__name__ for func in rewards] == [func.__name__ for func in REWARD_FUNCS]  # logged under each name
+    scores = {
+        func.__name__: [func(prompts=[[]], completions=[chat(t)], answer=["18"])[0] for t in (think, reasoning)]
+        for func in rewards
+    }
+    assert scores == {
+        "xmlcount_reward_func": [0.5, 0.25],  # the reasoning tags no longer count
+        "soft_format_reward_func": [0.5, 0.0],
+        "strict_format_reward_func": [0.5, 0.0],
+        "int_reward_func": [0.5, 0.5],  # reads only the answer block, whose tag is unchanged
+        "correctness_reward_func": [2.0, 2.0],
+    }
+    system = "\nRespond in the following format:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
+    assert fmt.chat_prompt("How many?") == [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "How many?"},
+    ]
+    assert (fmt.tags, fmt.format_solution("s", "1")) == (
+        ("<think>", "</think>", "<answer>", "</answer>"),
+        "<think>\ns\n</think>\n<answer>\n1\n</answer>\n",
+    )
+    assert fmt.is_strict_format(think) and not fmt.is_strict_format(reasoning) and fmt.extract_answer(think) == "18"
+    assert "<reasoning>" in grpo_demo.SYSTEM_PROMPT and strict_format_reward_func([reasoning]) == [0.5]  # defaults
+    answers = Tags("reasoning", "final")  # the answer tag too
+    assert extract_xml_answer("<final>\n7\n</final>", answers) == "7" and extract_xml_answer("<final>7</final>") == ""
+
+
 def test_correctness_logs_gold_and_extracted_answer():
     logged = {}
     correctness_reward_func(

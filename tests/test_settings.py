@@ -3,7 +3,6 @@ cannot work is named before anything loads; the attention that can run is chosen
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -29,16 +28,16 @@ def single_process(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-def resolved(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> types.SimpleNamespace:
+def resolved(argv: list[str]) -> types.SimpleNamespace:
     """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
-    values = settings.resolve(argv, grpo_demo.recipe_defaults(), answer_format, grpo_demo.REWARD_FUNCS)
+    values = settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
     return types.SimpleNamespace(**values)
 
 
-def refused(argv: list[str], answer_format=grpo_demo.ANSWER_FORMAT) -> str:
+def refused(argv: list[str]) -> str:
     """The message the recipe stops with for `argv` (it must stop)."""
     with pytest.raises(SystemExit) as stop:
-        resolved(argv, answer_format)
+        resolved(argv)
     return str(stop.value)
 
 
@@ -54,6 +53,9 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
     assert (args.lr_scheduler_type, args.logging_steps, args.num_train_epochs) == ("cosine", 1, 1)
     assert (args.num_generations, args.max_completion_length, args.temperature) == (16, 786, 0.9)
     assert (args.save_steps, args.max_grad_norm, args.report_to) == (100, 0.1, ["wandb"])
+    # The objective is named (TRL 1.16's defaults), not inherited unseen: token-level loss, group std, no KL.
+    assert (args.loss_type, args.scale_rewards, args.beta) == ("dapo", "group", 0.0)
+    assert {"loss_type", "scale_rewards", "beta"} <= grpo_demo.GRPO_DEFAULTS.keys()
     # One prompt's 16 completions per device step, 4 accumulated steps: 4 prompts per optimizer step.
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (16, 4)
     assert args.generation_batch_size // args.num_generations == 4
@@ -257,17 +259,21 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--eval_shots", "0"], "eval_shots=0: the kshot protocol shows 1 to 32 worked examples"),
         (["--eval_samples", "-1"], "eval_samples=-1: 0 (greedy only) or the samples per question"),
         (["--eval_temperature", "0"], "eval_temperature=0.0: sampling needs a positive temperature"),
+        (["--eval_split", "validation"], "eval_split=validation measures the train rows --validation_rows holds out"),
+        (["--eval_split", "dev"], "invalid choice: 'dev' (choose from 'test', 'validation')"),
+        (["--validation_rows", "-1"], "validation_rows=-1: the train rows held out for validation, 0 or more"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):
     assert message in refused(args)
 
 
-def test_bad_tag_names_in_an_edited_format_are_refused():
-    edited = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<my tag>", "</my tag>", "<answer>", "</answer>"))
-    assert "answer format tag '<my tag>': a tag is '<' a letter" in refused([], edited)
-    same = dataclasses.replace(grpo_demo.ANSWER_FORMAT, tags=("<a>", "</a>", "<a>", "</a>"))
-    assert "the reasoning and answer tags are both '<a>'" in refused([], same)
+def test_bad_tag_names_are_refused(monkeypatch):
+    message = refused(["--reasoning_tag", "my tag"])
+    assert "reasoning_tag='my tag': a tag's name is a letter, then letters, digits, '_' or '-'" in message
+    assert "reasoning_tag and answer_tag are both 'a'" in refused(["--reasoning_tag", "a", "--answer_tag", "a"])
+    monkeypatch.setattr(grpo_demo, "ANSWER_TAG", "<answer>")  # an edited copy's constant is checked as well
+    assert "answer_tag='<answer>': a tag's name is a letter" in refused([])
 
 
 def test_an_output_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
@@ -419,14 +425,6 @@ def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
 
 # ----------------------------------------------------------------------------------------------------------------
 # LoRA, QLoRA, vLLM and several processes
-
-
-@pytest.fixture
-def gpu_extras(fake_cuda, monkeypatch):
-    """A CUDA machine with the GPU extras installed, as far as the checks can tell."""
-    versions = {"vllm": "0.30.0", "bitsandbytes": "0.50.2", "flash-attn": "2.8.3"}
-    monkeypatch.setattr(checks, "installed_version", versions.get)
-    return versions
 
 
 def test_use_peft_turns_on_the_references_lora():

@@ -212,7 +212,7 @@ def test_the_settings_the_launch_passes_are_valid_recipe_settings(tmp_path, stub
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(checks, "installed_version", {"vllm": "0.30.0"}.get)
     monkeypatch.chdir(tmp_path)
-    values = settings.resolve(recipe_args, grpo_demo.recipe_defaults(), grpo_demo.ANSWER_FORMAT, grpo_demo.REWARD_FUNCS)
+    values = settings.resolve(recipe_args, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
     chosen = types.SimpleNamespace(**values)
     server = (chosen.use_vllm, chosen.vllm_mode, chosen.vllm_server_host, chosen.vllm_server_port)
     assert server == (True, "server", "gpu01", 8000)
