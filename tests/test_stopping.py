@@ -17,6 +17,15 @@ import grpo_demo
 from grpo_kit import evaluation, stopping
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_from_a_terminal():
+    """Ctrl-C handled as in a terminal: a shell's background job (CI may be one) starts with SIGINT ignored, and an
+    ignored signal stays ignored (tested below)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def fake_trainer(state: TrainerState):
     return SimpleNamespace(
         accelerator=SimpleNamespace(
