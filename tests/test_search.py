@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 
 import pytest
+import sqlalchemy.exc
 from conftest import ROOT, offline_env
 
 import grpo_demo
@@ -229,7 +230,7 @@ def test_a_killed_study_continues_from_its_storage_and_its_best_settings_train(t
             return False
         try:
             trials = load(folder).trials
-        except (KeyError, optuna.exceptions.StorageInternalError):  # not created yet
+        except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.IntegrityError):  # being created
             return False
         running = [t for t in trials if t.state.name == "RUNNING" and "output_dir" in t.user_attrs]
         started = running and (Path(running[0].user_attrs["output_dir"]) / "run_record.json").is_file()
