@@ -34,13 +34,56 @@ def test_held_out_problems_are_new_sums():
         a, op, b = sum_asked(row)
         assert row["answer"].endswith(f"#### {int(a) + int(b) if op == '+' else int(a) - int(b)}")
     counting = [row for row in train if ", counting" in row["answer"]]
-    assert 0.25 < len(counting) / len(train) < 0.35  # COUNTING_SHARE 0.3
+    assert 0.45 < len(counting) / len(train) < 0.55  # COUNTING_SHARE 0.5
 
 
-def test_solutions_count_on_and_back_to_the_result():
-    assert demo.solutions(48, 3, "+") == ("48 + 3 = 51", "48 + 3, counting on: 49+2=50+1=51", 51)
-    assert demo.solutions(12, 4, "-") == ("12 - 4 = 8", "12 - 4, counting back: 11-3=10-2=9-1=8", 8)
-    assert demo.solutions(10, 1, "-") == ("10 - 1 = 9", "10 - 1, counting back: 9", 9)
+def test_the_demos_problems_are_the_ones_its_figures_were_measured_on():
+    """The README's figures and the 30 measured runs start from these exact problems: a change to how they are drawn
+    (the random draws or their order included) would make another demo, and a warm start the figures do not cover."""
+    import hashlib
+
+    train, test = demo.make_problems(demo.N_TRAIN, demo.N_TEST, demo.ASSETS_SEED)
+    assert test[0] == {
+        "question": "Kenji has 13 books and gets 5 more. How many books does Kenji have now?",
+        "answer": "13 + 5 = 18\n#### 18",
+    }
+    assert train[0] == {
+        "question": "Grace has 10 apples and gets 4 more. How many apples does Grace have now?",
+        "answer": "10 + 4, counting on: 10+4=11+3=12+2=13+1=14\n#### 14",
+    }
+    digest = hashlib.sha256(json.dumps([train, test]).encode()).hexdigest()
+    assert digest == "8cc78722650d231d5aeb95c4ae674ad7866e7462686e1c7a7a76208068677650"
+
+
+def test_solutions_count_on_and_back_to_the_result_one_unit_a_step():
+    assert demo.solutions(48, 3, "+") == ("48 + 3 = 51", "48 + 3, counting on: 48+3=49+2=50+1=51", 51)
+    assert demo.solutions(12, 4, "-") == ("12 - 4 = 8", "12 - 4, counting back: 12-4=11-3=10-2=9-1=8", 8)
+    assert demo.solutions(10, 1, "-") == ("10 - 1 = 9", "10 - 1, counting back: 10-1=9", 9)
+
+
+def test_the_warm_start_teaches_counting_on_half_its_solutions_and_the_choice_to_count_at_its_share(tiny):
+    """Every counting solution teaches how to count; the token that chooses to count (`,` after the restated sum,
+    where one-line solutions write ` =`) is in the loss on only enough of them that CHOICE_SHARE of the choices the
+    loss sees are to count: greedy decoding then answers at once, and sampling counts about that often."""
+    import random
+
+    tokenizer, _ = tiny
+    train, _ = demo.make_problems(400, 10, seed=3)
+    triples = demo.examples(tokenizer, FMT, train)
+    counting = [row[2] is not None for row in triples]
+    assert counting == [", counting" in r["answer"] for r in train]
+    for (_, target, choice), row in zip(triples, train, strict=True):
+        if choice is not None:
+            assert tokenizer.decode(target[choice:]).startswith(", counting")  # the choice, and only it, left out
+            assert row["answer"].split(",")[0] in tokenizer.decode(target[:choice])
+    rng, seen = random.Random(0), {True: 0, False: 0}
+    for _ in range(50):
+        _, labels, _ = demo.batch(triples, 0, rng)
+        for (prompt, _, choice), row_labels, counts in zip(triples, labels.tolist(), counting, strict=True):
+            if choice is not None and row_labels[len(prompt) + choice] == -100:
+                continue  # how to count, not when
+            seen[counts] += 1  # a choice the loss sees: to count, or to answer at once
+    assert seen[True] / (seen[True] + seen[False]) == pytest.approx(demo.CHOICE_SHARE, abs=0.02)
 
 
 def test_warm_start_targets_earn_every_reward():
@@ -58,7 +101,7 @@ def test_warm_start_targets_earn_every_reward():
 def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "WARM_STEPS", 3)  # the machinery, not the learning: that is the test below
-    d = presets.defaults(demo, "qwen2")
+    d = presets.defaults("demo", "qwen2")
     demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     model_dir = tmp_path / d["model_name_or_path"]
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
@@ -66,8 +109,8 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
     test_rows = grpo_demo.get_gsm8k_questions("test", d["dataset"])
     assert len(test_rows) == demo.N_TEST
 
-    # Every solution, the longest counting ones included, fits in max_completion_length with its end of turn.
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # Every solution, the longest counting ones included, fits in max_completion_length with its end of turn, in
+    # the tokenizer of either kind.
     texts = [
         FMT.gsm8k_solution(f"{style}\n#### {result}").rstrip("\n")
         for a in range(10, 100)
@@ -76,8 +119,10 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
         for *styles, result in [demo.solutions(a, b, op)]
         for style in styles
     ]
-    longest = max(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
-    assert longest <= d["max_completion_length"]
+    train, _ = demo.make_problems(demo.N_TRAIN, demo.N_TEST, demo.ASSETS_SEED)
+    for tokenizer in (AutoTokenizer.from_pretrained(model_dir), demo.build_tokenizer(FMT, train, "llama3")):
+        longest = max(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+        assert 70 < longest <= d["max_completion_length"]
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
         demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     assert "Reusing the warm-started model" in caplog.text
@@ -117,23 +162,29 @@ def test_the_seed_varies_grpo_alone_not_the_demos_start_model(monkeypatch, tmp_p
     assert made == [("demo", demo.ASSETS_SEED), ("demo", demo.ASSETS_SEED), ("smoke", 7)]
 
 
+# The bounds of the two demo runs below sit well inside what 30 runs measured (benchmarks/demo_runs.py, docs/
+# demo_seeds.json: either model, warm-start seeds 42, 11 and 12, as another machine's float sums change a warm start,
+# and 5 GRPO seeds each): strict accuracy 5.5-19.9 % before, 91.8-96.9 % after, a rise of 73-89 points; strict format
+# 97.7 % or more before, 97.3 % or more after; completions 28 tokens longer or more; at most 4 questions lost.
+RISE = 0.45  # the project's bar is 20 points; the least of 30 runs rose 73
+
+
 @pytest.mark.slow
 def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
-    """The whole demo as documented, fixed seed (the preset's): greedy strict accuracy on 256 held-out problems
-    rises from the warm-started model to the GRPO-trained one, keeping the format. Measured: 7.4 -> 69.1 % on one
-    machine, 10.5 -> 72.7 % on two others (float sums differ between CPUs); the bounds sit ~15 points below."""
+    """The whole demo as documented, fixed seeds (the preset's): greedy strict accuracy on 256 held-out problems
+    rises from the warm-started model to the GRPO-trained one, keeping the format (bounds: see RISE)."""
     result = run_recipe(["--demo"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
     run = tmp_path / "outputs" / "demo-GRPO"
     comparison = json.loads((run / "eval" / "comparison.json").read_text())
     before, after = comparison["baseline"], comparison["final"]
     assert before["n"] == after["n"] == demo.N_TEST
-    assert before["format_rate"] >= 0.95  # the warm start taught the format...
-    assert before["accuracy_strict"] <= 0.2  # ...but not yet the sums
+    assert before["format_rate"] >= 0.9  # the warm start taught the format...
+    assert before["accuracy_strict"] <= 0.35  # ...but the model answers at once, mostly wrong
     rise = after["accuracy_strict"] - before["accuracy_strict"]
-    assert rise >= 0.45, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
-    assert after["accuracy_strict"] >= 0.55 and after["format_rate"] >= 0.95
-    assert after["mean_completion_tokens"] > before["mean_completion_tokens"] + 10  # it learned to count
+    assert rise >= RISE, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
+    assert after["accuracy_strict"] >= 0.75 and after["format_rate"] >= 0.9
+    assert after["mean_completion_tokens"] > before["mean_completion_tokens"] + 15  # it learned to count
     # The comparison says the rise is no chance: intervals apart, the paired test's verdict, the questions it moved.
     assert before["interval_strict"][1] < after["interval_strict"][0]
     paired = comparison["paired"]["strict"]
@@ -143,10 +194,10 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
 
     state = json.loads((run / "trainer_state.json").read_text())
     steps = [e for e in state["log_history"] if "reward" in e]
-    assert len(steps) == demo.DEFAULTS["max_steps"]
+    assert len(steps) == presets.SETTINGS["demo"]["max_steps"]
     assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
     measured = [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e]
-    assert measured == list(range(5, 41, 5))  # every 5 steps, for the curves
+    assert measured == list(range(0, 41, 5))  # the start, then every 5 steps, for the curves
     assert json.loads((run / "health.json").read_text())["findings"] == []  # a healthy run says so
     assert "Training health: ok" in result.stdout
 
@@ -154,9 +205,8 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
 @pytest.mark.slow
 def test_the_demo_learns_on_the_llama_model_too(tmp_path):
     """`--demo --tiny_model llama3`: the same problems, rewards and GRPO on a tiny Llama with Llama 3's chat
-    conventions. Greedy strict accuracy on the 256 held-out problems rises as on Qwen2, and every completion ends at
-    `<|eot_id|>`, the end of a turn, not at the tokenizer's end of sequence. Measured: 6.2 -> 77.7 % (preset seed),
-    7.8 -> 40.2 % with --seed 0; the bounds sit below both (the project's bar is a rise of 15 points)."""
+    conventions. Greedy strict accuracy on the 256 held-out problems rises as on Qwen2 (bounds: see RISE), and every
+    completion ends at `<|eot_id|>`, the end of a turn, not at the tokenizer's end of sequence."""
     from transformers import AutoModelForCausalLM
 
     result = run_recipe(["--demo", "--tiny_model", "llama3"], cwd=tmp_path)
@@ -165,10 +215,10 @@ def test_the_demo_learns_on_the_llama_model_too(tmp_path):
     comparison = json.loads((run / "eval" / "comparison.json").read_text())
     before, after = comparison["baseline"], comparison["final"]
     assert before["n"] == after["n"] == demo.N_TEST
-    assert before["format_rate"] >= 0.95 and after["format_rate"] >= 0.95
+    assert before["format_rate"] >= 0.9 and after["format_rate"] >= 0.9
     assert before["truncated"] == 0 and after["truncated"] <= 5  # completions stop: a rare one runs to the limit
     rise = after["accuracy_strict"] - before["accuracy_strict"]
-    assert rise >= 0.2, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
+    assert rise >= RISE, f"accuracy {before['accuracy_strict']:.1%} -> {after['accuracy_strict']:.1%}"
 
     tokenizer = AutoTokenizer.from_pretrained(run)
     model = AutoModelForCausalLM.from_pretrained(run).eval()
@@ -178,7 +228,7 @@ def test_the_demo_learns_on_the_llama_model_too(tmp_path):
     stops = generation.stop_ids(model, tokenizer)
     with torch.no_grad():
         output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=72, do_sample=False,
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=80, do_sample=False,
             eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
         )  # fmt: skip
     ends = [next((t for t in row if t in stops), None) for row in output[:, input_ids.shape[1] :].tolist()]
