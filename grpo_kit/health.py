@@ -1,31 +1,13 @@
 """Training health: the few ways a GRPO run goes wrong, said while it goes wrong, with the setting to change.
 
-TRL already logs every signal needed; the watcher reads them at each logged step. When a condition holds for its
-whole window of logged steps (never on one noisy step), it says once what it sees (the metric and its values over
-those steps) and what to change (a setting and a value):
+The checks (`CHECKS`) read what TRL logs at each logged step, with the thresholds below, each with its reason
+(README.md's "Training health" tables them). A check whose condition holds over its whole window of logged steps
+(never on one noisy step) says once what it sees and what to change: to the console, to the log as `health/<check>`
+(1 while it holds, else 0: wandb draws when it fired), to `<output_dir>/health.json`, to the end-of-run line and as a
+mark in `curves.png`. A metric not logged (another TRL version may name it otherwise) leaves its check silent.
 
-| check | reads | holds when |
-| --- | --- | --- |
-| truncation | completions/clipped_ratio | half the completions or more hit max_completion_length, 3 steps running |
-| no_signal | frac_reward_zero_std | 90 % of groups or more score all alike (advantage 0), 5 steps running |
-| format_only | rewards/<name>/mean | every format reward at >= 90 % of its maximum, < 10 % correct, 10 steps |
-| length_runaway | completions/mean_length | mean length up 30 % on the 10 steps before, correct share not up 2 points |
-| entropy_collapse | entropy | below a tenth of the run's first 5 steps, 5 steps running |
-| not_finite | loss, grad_norm, reward | any of them NaN or infinite, once |
-
-Findings go to the console, to the log as `health/<check>` (1 on the steps where it holds, 0 elsewhere: wandb draws
-when it fired), to `<output_dir>/health.json` and to the end-of-run line; `curves.png` marks them.
-
-A non-finite gradient stops the run: the update is skipped (every process agrees), the step is saved as a checkpoint
-that `--resume_from_checkpoint latest` continues from, and the run exits with code `EXIT_NOT_FINITE`. Where the
-gradients cannot be seen (DeepSpeed keeps its own), a non-finite loss or gradient norm in the log stops the run
-without saving the damaged weights, and the newest checkpoint is the one to resume from.
-
-The watcher reads only what is logged and raises nothing on a metric it does not find (another TRL version may name
-it otherwise): that check then stays silent. `--health_checks_off NAME ...` (or `all`) turns checks off.
-"""
-
-from __future__ import annotations
+A non-finite gradient skips its update and stops the run with the step's checkpoint, exit code `EXIT_NOT_FINITE`
+(`HealthCallback`). `--health_checks_off NAME ...` (or `all`) turns checks off."""
 
 import json
 import logging
@@ -34,6 +16,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
@@ -59,23 +42,35 @@ LENGTH_WINDOW = 50  # 200 prompts at the recipe's batch: GSM8K's solution length
 ENTROPY_SHARE = 0.1  # a tenth of the run's starting entropy: sampling close to greedy, groups stop differing
 ENTROPY_WINDOW = 5  # the start's mean and the last steps alike: a dip of one step is not a collapse
 TEMPERATURE_CAP = 1.2  # the highest temperature the remedies suggest: above it, sampling turns to noise
+NOT_LEARNING_MEASUREMENTS = 5  # accuracy measurements after the first before judging: each of 30 healthy demo runs
+# had risen by step 10 (its third; benchmarks/demo_runs.py), and a real run's are 50 steps apart, its strict accuracy
+# rising tens of points as the format is learnt (FACTS.md's anchor: 1.7 -> 48.7 %)
+NOT_LEARNING_START = 1  # the first measurement (step 0's) is the start: a run may rise from its first interval on
+NOT_LEARNING_RECENT = 3  # the latest measurements averaged as "now"
+NOT_LEARNING_WINDOW = 10  # logged steps: the correct share's windows (a quarter of the run once that is longer)
+NOT_LEARNING_RISE = 0.02  # a rise under 2 points is flat...
+NOT_LEARNING_Z = 2.5  # ...when even its upper bound (rise + 2.5 standard errors) is under it: the noise the signal
+# shows (the spread of its successive values) cannot be hiding a rise; a bound under 0 is a fall
+NOT_LEARNING_HOLD = 2  # judgments running before it is said: measurements, or windows of the correct share
+STUCK_GROUPS = 0.5  # a cause: half the groups or more score all alike, so half of every batch teaches nothing
+FEW_CORRECT = 0.1  # a cause: under 1 completion in 10 right, a group of 8-16 rarely holds one to reinforce
+SHRINKING = 0.85  # a cause: completions 15 % shorter than at the start, the reasoning cut back
+COLD = 0.5  # a cause: entropy half the start's, sampling nearer greedy, groups differ less
 
-CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_finite")
+CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_learning", "not_finite")
 CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
+ACCURACY = "eval_accuracy_strict"  # greedy accuracy on a subset, logged by the evaluation during training
 LENGTH, ENTROPY = "completions/mean_length", "entropy"
-NOT_FINITE_KEYS = ("loss", "grad_norm", "reward")  # and each rewards/<name>/mean: TRL logs None for NaN rewards
 RESUME_NOTE = (
     "a changed setting takes effect in a new run (another --output_dir); resuming keeps the run's settings and "
     "schedule unless --allow_changed_settings true"
 )
-TRAINING_KEYS = ("loss", "reward")  # a logged entry with either is a training step (not an evaluation)
 
 
 def reward_roles(reward_funcs, answer_format) -> tuple[dict[str, float], dict[str, float]]:
-    """({logged key: maximum} of the correctness rewards, the same of the format rewards), found by scoring one
-    perfect completion in the recipe's own format against its gold answer and against another: a reward that
-    changes with the gold judges correctness, one that does not judges form. A reward that fails on the probe, or
-    earns nothing on a perfect completion, is left out (no check reads it)."""
+    """({logged key: maximum} of the correctness rewards, and of the format rewards), found by scoring a perfect
+    completion in the recipe's format against its gold answer and another: a reward that changes with the gold judges
+    correctness, else form. One that fails on the probe or earns nothing on it is left out (no check reads it)."""
     completion = answer_format.solution_template.format(reasoning="2 + 2 = 4", answer="4")
     prompts = [answer_format.chat_prompt("What is 2 + 2?")]
     completions = [[{"role": "assistant", "content": completion}]]
@@ -93,8 +88,7 @@ def reward_roles(reward_funcs, answer_format) -> tuple[dict[str, float], dict[st
 
 def _finite(value) -> bool:
     """A logged number that is finite; None (TRL's NaN average) is not; anything else is not a number to judge."""
-    number = _number(value)
-    return number is None and value is not None or number is not None and math.isfinite(number)
+    return value is not None and ((number := _number(value)) is None or math.isfinite(number))
 
 
 def _number(value) -> float | None:
@@ -110,30 +104,33 @@ def _fmt(values: list[float]) -> str:
 
 
 class Watcher:
-    """The checks over a stream of logged entries, independent of any trainer: `observe` one entry at a time.
+    """The checks over a stream of logged entries, independent of any trainer: `observe` one entry at a time. `args`:
+    the run's training settings (a GRPOConfig), whose values the remedies name; `scaled`: an fp16 run, whose gradient
+    scaler makes and skips infinite gradients on purpose, so only the loss counts as not finite; `measured`: how many
+    questions each in-training accuracy measurement asks (then not_learning reads it), 0 where none is made (then it
+    reads the correct share)."""
 
-    `settings` holds the values the remedies name (`SETTINGS`); `scaled`: an fp16 run, whose gradient scaler makes
-    and skips infinite gradients on purpose, so only the loss counts as not finite.
-    """
-
-    def __init__(self, settings: dict, correct: dict[str, float], form: dict[str, float], off=(), scaled=False):
-        self.settings, self.correct, self.form, self.scaled = settings, correct, form, scaled
+    def __init__(self, args, correct: dict[str, float], form: dict[str, float], off=(), scaled=False, measured=0):
+        self.args, self.correct, self.form, self.scaled, self.measured = args, correct, form, scaled, measured
+        self.stop_keys = ("loss",) if scaled else ("loss", "grad_norm")  # not finite: the run stops
+        self.accuracy: list[tuple[int, float]] = []  # (step, greedy accuracy) of each measurement during training
         self.enabled = [name for name in CHECKS if name not in off and "all" not in off]
-        self.series: dict[str, list[float]] = defaultdict(list)
+        self.series: dict[str, list[float | None]] = defaultdict(list)
         self.findings: list[dict] = []
-        self.fired: set[str] = set()
-        self.entropy_start: float | None = None
+        self.entropy_start: float | None = None  # the mean of the first ENTROPY_WINDOW steps' entropy
+        self._judged: tuple = (0, 0, None)  # not_learning: (values judged, judgments held running, its finding)
 
     def observe(self, entry: dict) -> tuple[dict[str, float], list[dict]]:
         """Take one logged entry: ({`health/<check>`: 1.0 where it holds now, else 0.0}, the findings it makes
-        first). An entry of no training step (an evaluation's) gives ({}, [])."""
-        if not any(key in entry for key in TRAINING_KEYS):
-            return {}, []
+        first). An entry of no training step (an evaluation's) gives ({}, []); its accuracy is kept for not_learning."""
         step = entry.get("step")
+        if "loss" not in entry and "reward" not in entry:  # not a training step: an evaluation
+            if _number(accuracy := entry.get(ACCURACY)) is not None and math.isfinite(accuracy):
+                self.accuracy.append((step, float(accuracy)))
+            return {}, []
         for key, value in entry.items():
-            number = _number(value)
-            if number is not None and math.isfinite(number):  # a NaN is the not_finite check's, not a trend
-                self.series[key].append(number)
+            if _number(value) is not None and math.isfinite(value):  # a NaN is the not_finite check's, not a trend
+                self.series[key].append(float(value))
         self.series["_correct_rate"].append(self._correct_rate(entry))
         if self.entropy_start is None and len(self.series[ENTROPY]) >= ENTROPY_WINDOW:
             self.entropy_start = _mean(self.series[ENTROPY][:ENTROPY_WINDOW])
@@ -141,35 +138,33 @@ class Watcher:
         for name in self.enabled:
             seen = getattr(self, f"_{name}")(entry)
             metrics[f"health/{name}"] = 1.0 if seen else 0.0
-            if seen and name not in self.fired:
+            if seen and all(finding["check"] != name for finding in self.findings):
                 new.append(self.record(name, step, *seen))
         return metrics, new
 
     def record(self, check: str, step, what: str, change: str) -> dict:
         """A finding, kept (a check fires once by itself; a stop records its own whenever it happens)."""
-        self.fired.add(check)
-        finding = {"check": check, "step": step, "what": what, "change": change}
-        self.findings.append(finding)
+        self.findings.append(finding := {"check": check, "step": step, "what": what, "change": change})
         return finding
 
     # ---- the checks: each returns (what it sees, what to change) while its condition holds, else None
 
     def _last(self, key: str, n: int) -> list[float] | None:
-        values = self.series.get(key, [])
-        return values[-n:] if len(values) >= n else None
+        """The last `n` values of `key`, None while fewer were logged (or, of the correct share, one was not)."""
+        values = self.series.get(key, [])[-n:]
+        return values if len(values) == n and None not in values else None
 
     def _correct_rate(self, entry: dict) -> float | None:
         """The share of completions the correctness rewards gave full marks this step, None where not logged."""
         rates = [_number(entry.get(key)) for key in self.correct]
-        if not rates or any(r is None for r in rates):
+        if not rates or None in rates:
             return None
-        return _mean([rate / self.correct[key] for rate, key in zip(rates, self.correct, strict=True)])
+        return _mean([rate / top for rate, top in zip(rates, self.correct.values(), strict=True)])
 
     def _truncation(self, entry):
-        last = self._last(CLIPPED, TRUNCATED_WINDOW)
-        if last is None or min(last) < TRUNCATED_SHARE:
+        if (last := self._last(CLIPPED, TRUNCATED_WINDOW)) is None or min(last) < TRUNCATED_SHARE:
             return None
-        n = self.settings.get("max_completion_length")
+        n = self.args.max_completion_length
         return (
             f"{CLIPPED} {_fmt(last)} over the last {TRUNCATED_WINDOW} steps: most completions are cut at "
             f"max_completion_length ({n} tokens), and a cut completion has no answer to earn the correctness reward",
@@ -178,13 +173,10 @@ class Watcher:
         )
 
     def _no_signal(self, entry):
-        last = self._last(ZERO_STD, NO_SIGNAL_WINDOW)
-        if last is None or min(last) < NO_SIGNAL_SHARE:
+        if (last := self._last(ZERO_STD, NO_SIGNAL_WINDOW)) is None or min(last) < NO_SIGNAL_SHARE:
             return None
-        what = (
-            f"{ZERO_STD} {_fmt(last)} over the last {NO_SIGNAL_WINDOW} steps: in most groups every completion earns "
-            "the same reward, so its advantages are 0 and it teaches nothing"
-        )
+        what = f"{ZERO_STD} {_fmt(last)} over the last {NO_SIGNAL_WINDOW} steps: in most groups every completion earns "
+        what += "the same reward, so its advantages are 0 and it teaches nothing"
         rate = self.series["_correct_rate"][-1]
         if rate is not None and rate >= SOLVED_RATE:
             return what, "the training problems are solved: more steps teach little; stop here or use harder ones"
@@ -193,23 +185,21 @@ class Watcher:
     def _more_generations(self) -> str:
         """Twice the generations per prompt, with twice the accumulation: the prompts per step stay, and the
         completions per step stay a multiple of the group (GRPO's batch rule)."""
-        g, gas = self.settings.get("num_generations"), self.settings.get("gradient_accumulation_steps")
+        g, gas = self.args.num_generations, self.args.gradient_accumulation_steps
         if not g or not gas:
             return "raise --num_generations"
         return f"--num_generations {2 * g} --gradient_accumulation_steps {2 * gas} (now {g} and {gas})"
 
     def _warmer(self, joint: str) -> str:
-        t = self.settings.get("temperature")
+        t = self.args.temperature
         if not t or t >= TEMPERATURE_CAP:
             return ""
         return f"{joint}--temperature {min(round(t + 0.2, 2), TEMPERATURE_CAP):g} (now {t:g})"
 
     def _format_only(self, entry):
-        if not self.correct or not self.form:
-            return None
         shares = [self._last(key, FORMAT_WINDOW) for key in self.form]
-        rates = self._last("_correct_rate", FORMAT_WINDOW)
-        if any(s is None for s in shares) or rates is None or any(r is None for r in rates):
+        rates = self._last("_correct_rate", FORMAT_WINDOW)  # None without a correctness reward
+        if rates is None or not shares or None in shares:
             return None
         formed = [min(s) / self.form[key] for s, key in zip(shares, self.form, strict=True)]
         if min(formed) < FORMAT_CEILING_SHARE or max(rates) >= FORMAT_CORRECT_RATE:
@@ -224,15 +214,14 @@ class Watcher:
         )
 
     def _length_runaway(self, entry):
-        lengths = self._last(LENGTH, 2 * LENGTH_WINDOW)
-        rates = self._last("_correct_rate", 2 * LENGTH_WINDOW)
-        if lengths is None or rates is None or any(r is None for r in rates):
+        lengths, rates = self._last(LENGTH, 2 * LENGTH_WINDOW), self._last("_correct_rate", 2 * LENGTH_WINDOW)
+        if lengths is None or rates is None:
             return None
         before, now = _mean(lengths[:LENGTH_WINDOW]), _mean(lengths[LENGTH_WINDOW:])
         gain = _mean(rates[LENGTH_WINDOW:]) - _mean(rates[:LENGTH_WINDOW])
         if now < LENGTH_GROWTH * before or gain >= LENGTH_GAIN:
             return None
-        n = self.settings.get("max_completion_length")
+        n = self.args.max_completion_length
         return (
             f"{LENGTH} {before:.0f} -> {now:.0f} tokens (means of {LENGTH_WINDOW} steps) while the correct share "
             f"moved {100 * gain:+.1f} points: completions grow without earning more",
@@ -241,39 +230,106 @@ class Watcher:
         )
 
     def _entropy_collapse(self, entry):
-        last = self._last(ENTROPY, ENTROPY_WINDOW)
-        start = self.entropy_start
-        if last is None or start is None or len(self.series[ENTROPY]) < 2 * ENTROPY_WINDOW:
+        last, start = self._last(ENTROPY, ENTROPY_WINDOW), self.entropy_start
+        if start is None or len(self.series[ENTROPY]) < 2 * ENTROPY_WINDOW or max(last) >= ENTROPY_SHARE * start:
             return None
-        if max(last) >= ENTROPY_SHARE * start:
-            return None
-        lr, beta = self.settings.get("learning_rate"), self.settings.get("beta")
-        change = f"--learning_rate {lr / 2:g} (now {lr:g})" if lr else "a lower --learning_rate"
-        change += self._warmer(", ")
-        if not beta:
+        change = (self._scaled_lr(0.5) or "a lower --learning_rate") + self._warmer(", ")
+        if not self.args.beta:
             change += "; --beta 0.04 (the reference's KL) keeps the policy nearer the start"
-        return (
-            f"{ENTROPY} {_fmt(last)} over the last {ENTROPY_WINDOW} steps, from {start:.3g} at the start: the policy "
-            "samples close to greedily, so its groups stop differing",
-            change,
-        )
+        what = f"{ENTROPY} {_fmt(last)} over the last {ENTROPY_WINDOW} steps, from {start:.3g} at the start: "
+        return what + "the policy samples close to greedily, so its groups stop differing", change
+
+    def _not_learning(self, entry):
+        """The signal that should rise (accuracy where measured, else the correct share) no higher than at the start
+        beyond its noise, judged again as data come and said once it held NOT_LEARNING_HOLD judgments running, with
+        the likely causes read from the last steps' other metrics."""
+        if self.measured:  # judged at each measurement: (start, now, standard error of their difference)
+            values, judged = [v for _, v in self.accuracy], len(self.accuracy) > NOT_LEARNING_MEASUREMENTS
+            start, recent = values[:NOT_LEARNING_START], values[-NOT_LEARNING_RECENT:]
+            every, floor = 1, 1 / self.measured  # a noise of at least one question
+        else:  # judged at each step, windows of the correct share growing with the run
+            values, judged = self.series["_correct_rate"], len(self.series["_correct_rate"]) >= 3 * NOT_LEARNING_WINDOW
+            window = max(NOT_LEARNING_WINDOW, len(values) // 4)
+            start, recent = values[:window], values[-window:]
+            every, floor = NOT_LEARNING_WINDOW, 0.01
+        if not judged or None in values or len(values) == self._judged[0]:
+            return self._judged[2] if judged and self._judged[1] >= NOT_LEARNING_HOLD * every else None
+        spread = math.sqrt(_mean([(b - a) ** 2 for a, b in zip(values[:-1], values[1:], strict=True)]) / 2)  # no trend
+        error = max(spread, floor) * math.sqrt(1 / len(start) + 1 / len(recent))
+        rise = _mean(recent) - _mean(start)
+        held = _mean(start) < SOLVED_RATE and rise + NOT_LEARNING_Z * error < NOT_LEARNING_RISE
+        self._judged = (len(values), self._judged[1] + 1 if held else 0, None)
+        if self._judged[1] < NOT_LEARNING_HOLD * every:
+            return None
+        falling = rise + NOT_LEARNING_Z * error < 0
+        if self.measured:
+            steps = self.accuracy[0][0], self.accuracy[-len(recent)][0], self.accuracy[-1][0]
+            signal = f"{ACCURACY} {100 * start[0]:.1f} % at step {steps[0]} -> {100 * _mean(recent):.1f} % (mean of "
+            signal += f"steps {steps[1]}-{steps[2]})"
+        else:
+            signal = f"the share of completions the correctness reward pays {100 * _mean(start):.1f} % over the first "
+            signal += f"{len(start)} steps -> {100 * _mean(recent):.1f} % over the last {len(recent)}"
+        signal += f", {100 * rise:+.1f} points, +-{100 * NOT_LEARNING_Z * error:.1f} by its noise: "
+        causes = self._why_not_learning()
+        what = signal + ("falling" if falling else "not rising")
+        what += f"; likely {'; '.join(c for c, _ in causes)}" if causes else ""
+        # Each remedy once: the groups' is within the right answers' one.
+        remedies = [remedy for i, (_, remedy) in enumerate(causes) if not any(remedy in r for _, r in causes[:i])]
+        if falling:  # moving away from what it could do: smaller steps, or a tether to the start
+            remedies.insert(
+                0,
+                f"smaller updates: {self._scaled_lr(0.5)}"
+                + ("; --beta 0.04 (a KL to the start model)" if not self.args.beta else ""),
+            )
+        larger = f"the groups differ and sampling is free, yet nothing rises: larger updates, {self._scaled_lr(2)}, or "
+        larger += "read the completions table (gold vs extracted) for answers the reward does not read"
+        self._judged = (*self._judged[:2], (what, "; ".join(remedies or [larger])))
+        return self._judged[2]
+
+    def rising_signal(self) -> str:
+        """What not_learning judges: in-training accuracy where it is measured, else the correct share."""
+        return f"{ACCURACY} ({self.measured} questions)" if self.measured else "the correct share"
+
+    def _why_not_learning(self) -> list[tuple[str, str]]:
+        """(cause, remedy) for each metric of the last NOT_LEARNING_WINDOW logged steps that explains a flat signal."""
+        n, causes = NOT_LEARNING_WINDOW, []
+        more = f"more varied groups: {self._more_generations()}{self._warmer(' or ')}"
+        rates, stuck, entropy = (self._last(key, n) for key in ("_correct_rate", ZERO_STD, ENTROPY))
+        if rates is not None and _mean(rates) < FEW_CORRECT:
+            few = f"few right answers to reinforce ({100 * _mean(rates):.0f} % of completions correct)"
+            stronger = ", or a start model that solves more of these problems (a supervised warm start)"
+            causes.append((few, more + stronger))
+        if stuck is not None and _mean(stuck) >= STUCK_GROUPS:
+            causes.append((f"{100 * _mean(stuck):.0f} % of groups score all alike (advantage 0)", more))
+        lengths = self.series.get(LENGTH, [])
+        if len(lengths) >= 2 * n:
+            before, now = _mean(lengths[:n]), _mean(lengths[-n:])
+            if now <= SHRINKING * before:
+                shrink = f"completions shrink ({before:.0f} -> {now:.0f} tokens): the reasoning is cut back"
+                kl = "" if self.args.beta else "--beta 0.04 keeps the policy nearer the start"
+                why = "read the completions: a reward that pays as well without reasoning pulls them shorter; "
+                causes.append((shrink, why + kl + self._scaled_lr(0.5, " and ")))
+        if entropy is not None and self.entropy_start and max(entropy) <= COLD * self.entropy_start:
+            cold = f"entropy {self.entropy_start:.3g} -> {_mean(entropy):.3g}: sampling nearer greedy"
+            causes.append((cold, self._scaled_lr(0.5) + self._warmer(", ")))
+        return causes
+
+    def _scaled_lr(self, factor: float, joint: str = "") -> str:
+        lr = self.args.learning_rate
+        return f"{joint}--learning_rate {lr * factor:g} (now {lr:g})" if lr else ""
 
     def _not_finite(self, entry):
-        keys = [key for key in NOT_FINITE_KEYS if not (self.scaled and key == "grad_norm")]
+        keys = [*self.stop_keys, "reward"]  # and each rewards/<name>/mean: TRL logs None for NaN rewards
         keys += [key for key in entry if key.startswith("rewards/") and key.endswith("/mean")]
-        bad = {key: entry[key] for key in keys if key in entry and not _finite(entry[key])}
-        if not bad:
+        if not (bad := {key: entry[key] for key in keys if key in entry and not _finite(entry[key])}):
             return None
-        rewards = [key for key in bad if key.startswith("rewards/") or key == "reward"]
-        return (
-            ", ".join(f"{key} {value}" for key, value in bad.items())
-            + " at this step"
-            + (" (TRL logs a reward as None when it returned None or NaN for every completion)" if rewards else ""),
-            self.not_finite_remedy(),
-        )
+        what = ", ".join(f"{key} {value}" for key, value in bad.items()) + " at this step"
+        if set(bad) - {"loss", "grad_norm"}:  # a reward
+            what += " (TRL logs a reward as None when it returned None or NaN for every completion)"
+        return what, self.not_finite_remedy()
 
     def not_finite_remedy(self) -> str:
-        lr, clip = self.settings.get("learning_rate"), self.settings.get("max_grad_norm")
+        lr, clip = self.args.learning_rate, self.args.max_grad_norm
         lower = f"--learning_rate {lr / 10:g} (now {lr:g})" if lr else "a lower --learning_rate"
         return (
             "--resume_from_checkpoint latest goes on past the step (a passing bad batch may not return); if it "
@@ -284,17 +340,16 @@ class Watcher:
     def stops(self, entry: dict) -> bool:
         """Whether this entry's loss or gradient norm is not finite (and the check is on): the run must stop. Under
         fp16's gradient scaler only the loss counts (it skips infinite gradients itself)."""
-        keys = ("loss",) if self.scaled else ("loss", "grad_norm")
-        return "not_finite" in self.enabled and any(key in entry and not _finite(entry[key]) for key in keys)
+        return "not_finite" in self.enabled and any(key in entry and not _finite(entry[key]) for key in self.stop_keys)
 
 
-def loss_explanation(settings: dict, loss: float) -> str:
-    """What the loss at the first logged step means in this configuration, and which curves show learning."""
-    beta, iterations = settings.get("beta") or 0.0, settings.get("num_iterations") or 1
-    fresh = (settings.get("steps_per_generation") or 1) <= (settings.get("gradient_accumulation_steps") or 1)
+def loss_explanation(args, loss: float) -> str:
+    """What the loss at the first logged step means in the configuration `args`, and which curves show learning."""
+    beta, iterations = args.beta or 0.0, args.num_iterations or 1
+    fresh = (args.steps_per_generation or 1) <= (args.gradient_accumulation_steps or 1)  # one update per generation
     lines = [f"Training health: first step's loss {loss:.4g}."]
     if beta == 0 and iterations == 1 and fresh:
-        token_level = settings.get("loss_type", "dapo") not in ("grpo", "sapo")
+        token_level = args.loss_type not in ("grpo", "sapo")
         lines.append(
             "With no KL term (beta 0) and one iteration per generation batch (num_iterations 1), each completion is "
             "scored by the policy that sampled it: the probability ratio is 1, the loss is minus the advantage-"
@@ -316,32 +371,28 @@ def loss_explanation(settings: dict, loss: float) -> str:
 
 class HealthCallback(EarlyStop):
     """The watcher on a trainer: marks each log with `health/<check>`, says findings as they come, writes
-    `health.json`, and stops the run on non-finite gradients (see the module docstring; the stop is the one every
-    early stop takes, grpo_kit/stopping.py)."""
+    `health.json`, and stops the run on non-finite gradients (the stop every early stop takes, stopping.py)."""
 
     exit_code = EXIT_NOT_FINITE
     level = logging.ERROR
 
     def __init__(self, trainer, watcher: Watcher):
         super().__init__(trainer)
-        self.watcher = watcher
-        self.path = Path(trainer.args.output_dir) / FILE_NAME
+        self.watcher, self.path = watcher, Path(trainer.args.output_dir) / FILE_NAME
+        self.then = watcher.not_finite_remedy()  # what to do next, said when the run stops (`EarlyStop.report`)
         self.skipped_step: int | None = None  # the step whose update was skipped: its gradients were not finite
         self.seen_finite_step: int | None = None  # the last step whose gradients were seen, and finite
-        self.explained = False
-        self.seconds, self.observed, self.started = 0.0, 0, time.perf_counter()
+        self.seconds, self.observed, self.started, self.explained = 0.0, 0, time.perf_counter(), False
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
-        self.explained = state.global_step > 0
+        self.started, self.explained = time.perf_counter(), state.global_step > 0
         for entry in state.log_history:  # a resumed run: what it logged before, quietly (each finding said once)
             self.watcher.observe(entry)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if "not_finite" not in self.watcher.enabled or model is None or self.watcher.scaled:
+        if "not_finite" not in self.watcher.enabled or self.watcher.scaled:
             return  # fp16's scaler skips non-finite steps itself
-        started = time.perf_counter()
-        finite = self._gradients_finite(model)
+        started, finite = time.perf_counter(), self._gradients_finite(model)
         if finite is False:
             for param in model.parameters():
                 param.grad = None  # the optimizer leaves a parameter without a gradient as it is: no update
@@ -353,8 +404,6 @@ class HealthCallback(EarlyStop):
     def _gradients_finite(self, model) -> bool | None:
         """Whether every process's gradients are finite (one reduction, so that every process skips alike); None
         where no process holds them (DeepSpeed keeps its own)."""
-        import torch
-
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a sharded (FSDP) gradient
         device = grads[0].device if grads else self.trainer.accelerator.device
@@ -369,28 +418,19 @@ class HealthCallback(EarlyStop):
     def on_step_end(self, args, state, control, **kwargs):
         if self.watcher.scaled or "not_finite" not in self.watcher.enabled:
             return
-        if self.skipped_step == state.global_step:
-            self._skipped(args, state, control)
-        elif self.seen_finite_step != state.global_step:
-            control.should_log = True  # gradients unseen (DeepSpeed): the logged loss and norm are the check
-
-    def _skipped(self, args, state, control) -> None:
-        """The update of this step was skipped: say so; before the last step, save its checkpoint and stop."""
-        step, last = state.global_step, state.global_step >= state.max_steps
-        what = "the gradients are not finite: this step's update was skipped"
-        finding = self.watcher.record("not_finite", step, what, self.watcher.not_finite_remedy())
-        self._say(finding)
-        control.should_log = True  # the step's loss and gradient norm, as they were
-        if last:  # the run ends here anyway, with the weights before this update: a finished model
+        step = state.global_step
+        if step != self.seen_finite_step:  # the step's loss and gradient norm logged: where the gradients were unseen
+            control.should_log = True  # (DeepSpeed) they are the check; where not finite, they show what was skipped
+        if step != self.skipped_step:
             return
-        self._keep_older_checkpoints()
-        self.stop_here(  # the weights before this step's update: safe to resume from
-            state,
-            control,
-            reason="the gradients are not finite",
-            save=True,
-            saved=f"checkpoint-{step}, holding the weights before this step's update",
-        )
+        # This step's update was skipped: say so; before the last step (where the run ends anyway, with the weights
+        # before this update), save its checkpoint and stop.
+        what = "the gradients are not finite: this step's update was skipped"
+        self._say(self.watcher.record("not_finite", step, what, self.watcher.not_finite_remedy()))
+        if step < state.max_steps:
+            self._keep_older_checkpoints()
+            saved = f"checkpoint-{step}, holding the weights before this step's update"  # safe to resume from
+            self.stop_here(state, control, reason="the gradients are not finite", save=True, saved=saved)
 
     def _keep_older_checkpoints(self) -> None:
         """The stop's checkpoint repeats the weights of the one before: it rotates no older one out."""
@@ -398,8 +438,7 @@ class HealthCallback(EarlyStop):
             self.trainer.args.save_total_limit += 1
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        started = time.perf_counter()
-        entry = {**(logs or {}), "step": state.global_step}
+        started, entry = time.perf_counter(), {**logs, "step": state.global_step}
         metrics, new = self.watcher.observe(entry)
         if metrics:
             self.observed += 1
@@ -409,60 +448,43 @@ class HealthCallback(EarlyStop):
         if not self.explained and _number(entry.get("loss")) is not None:
             self.explained = True
             if self.main:
-                logger.info(loss_explanation(self.watcher.settings, entry["loss"]))
+                logger.info(loss_explanation(self.watcher.args, entry["loss"]))
         for finding in new:
             self._say(finding)
         handled = state.global_step in (self.skipped_step, self.seen_finite_step)
         if self.stopped is None and not handled and self.watcher.stops(entry):
             # The gradients were not seen: the update went in, or (fp16) the scaler skipped it.
-            scaler_skipped = self.watcher.scaled
-            self.stop_here(
-                state,
-                control,
-                reason="the logged loss or gradient norm is not finite",
-                save=scaler_skipped,
-                saved=f"checkpoint-{state.global_step} (the gradient scaler skipped the update)"
-                if scaler_skipped
-                else "nothing: this step's weights may not be finite; the newest checkpoint is the last good one",
-            )
-            if scaler_skipped:
+            kept = self.watcher.scaled
+            saved = "nothing: this step's weights may not be finite; the newest checkpoint is the last good one"
+            if kept:
+                saved = f"checkpoint-{state.global_step} (the gradient scaler skipped the update)"
                 self._keep_older_checkpoints()
+            reason = "the logged loss or gradient norm is not finite"
+            self.stop_here(state, control, reason=reason, save=kept, saved=saved)
         if new or self.stopped:
-            self.write(state)
+            self.write()
         self.seconds += time.perf_counter() - started
 
     def _say(self, finding: dict) -> None:
         if self.main:
-            logger.warning(
-                "Training health, step %s: %s (%s).\n  Change: %s\n  (%s)",
-                finding["step"],
-                finding["check"],
-                finding["what"],
-                finding["change"],
-                RESUME_NOTE,
-            )
+            said = (finding[key] for key in ("step", "check", "what", "change"))
+            logger.warning("Training health, step %s: %s (%s).\n  Change: %s\n  (%s)", *said, RESUME_NOTE)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.write(state)
+        self.write()
 
     def status(self) -> str:
         return "stopped" if self.stopped else "findings" if self.watcher.findings else "ok"
 
-    def write(self, state) -> None:
+    def write(self) -> None:
         if not self.main:
             return
-        elapsed = time.perf_counter() - self.started
-        record = {
-            "status": self.status(),
-            "stopped": self.stopped,
-            "findings": self.watcher.findings,
-            "checks": {name: name in self.watcher.enabled for name in CHECKS},
-            "cost": {
-                "logged_steps": self.observed,
-                "health_ms_per_step": round(1000 * self.seconds / max(self.observed, 1), 4),
-                "training_ms_per_step": round(1000 * elapsed / max(self.observed, 1), 1),
-            },
-        }
+        per_step = 1000 / max(self.observed, 1)  # seconds to milliseconds per logged step
+        cost = {"logged_steps": self.observed, "health_ms_per_step": round(per_step * self.seconds, 4)}
+        cost["training_ms_per_step"] = round(per_step * (time.perf_counter() - self.started), 1)
+        record = {"status": self.status(), "stopped": self.stopped, "findings": self.watcher.findings}
+        record.update(checks={name: name in self.watcher.enabled for name in CHECKS}, cost=cost)
+        record["not_learning_reads"] = self.watcher.rising_signal()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
@@ -472,14 +494,8 @@ class HealthCallback(EarlyStop):
         lines = [f"Training health: {self.status()} ({self.path})"]
         lines += [f"  step {f['step']}: {f['check']} -> {f['change']}" for f in self.watcher.findings]
         if self.stopped:
-            stop = self.stopped
-            lines.append(f"  stopped at step {stop['step']}: {stop['reason']}; saved {stop['saved']}")
+            lines.append("  stopped at step {step}: {reason}; saved {saved}".format(**self.stopped))
         return "\n".join(lines)
-
-    @property
-    def then(self) -> str:
-        """What to do next, said when the run stops (`EarlyStop.exit_if_stopped`)."""
-        return self.watcher.not_finite_remedy()
 
 
 class _EndOfRunLine(TrainerCallback):
@@ -493,26 +509,12 @@ class _EndOfRunLine(TrainerCallback):
             print(self.health.summary_line(), flush=True)
 
 
-SETTINGS = (
-    "max_completion_length",
-    "num_generations",
-    "gradient_accumulation_steps",
-    "steps_per_generation",
-    "temperature",
-    "learning_rate",
-    "beta",
-    "num_iterations",
-    "loss_type",
-    "max_grad_norm",
-)
-
-
-def watch(trainer, off, reward_funcs, answer_format) -> HealthCallback:
-    """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them."""
-    settings = {name: getattr(trainer.args, name, None) for name in SETTINGS}
+def watch(trainer, off, reward_funcs, answer_format, measured: int = 0) -> HealthCallback:
+    """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them; `measured`: the
+    questions each in-training accuracy measurement asks, 0 for none."""
     scaled = getattr(trainer.accelerator, "scaler", None) is not None  # fp16 with a gradient scaler
-    watcher = Watcher(settings, *reward_roles(reward_funcs, answer_format), off=off, scaled=scaled)
-    health = HealthCallback(trainer, watcher)
+    roles = reward_roles(reward_funcs, answer_format)
+    health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))
     trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
     trainer.add_callback(_EndOfRunLine(health))
     return health

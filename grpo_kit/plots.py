@@ -1,67 +1,54 @@
 """A picture of a run, readable without wandb: `<output_dir>/curves.png`, drawn at the end of every run.
 
-- Rewards: the mean of each reward and of their total per optimizer step (thin: as logged; thick: moving average).
-- Completion length: mean tokens per completion; a model that learns to reason longer shows it here.
-- Training-health findings (`health.json`): a dashed red line at the step where a check fired, named.
-- Accuracy, where the run measured it: greedy accuracy on the test split during training (`eval_accuracy_*` in the
-  log history, from `evaluation.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries).
-"""
-
-from __future__ import annotations
+The total and each reward in a small panel of its own, on its own scale (the four format rewards paying 0.5 alike never
+hide one another), per optimizer step (thin: as logged; thick: moving average, its latest value in the title); the
+mean completion length; greedy accuracy where the run measured it, during training (`eval_accuracy_*` in the log
+history, from `evaluation.AccuracyCallback`) and before/after (the `eval/baseline` and `eval/final` summaries); and a
+dashed red line, named, at the step where a training-health check fired (`health.json`)."""
 
 import logging
 import math
 from pathlib import Path
 
 from grpo_kit import health
-from grpo_kit.folders import read_json
 from grpo_kit.reports import read_summary
+from grpo_kit.runs import read_json
 
 logger = logging.getLogger("grpo_demo")
 
 FILE_NAME = "curves.png"
-# Accuracy panel: (summary key, label, line style, line width); the in-training callback logs `eval_<key>`.
+# Accuracy panel: (summary key, label, line style, line width, color); the in-training callback logs `eval_<key>`.
 ACCURACY_LINES = (
-    ("format_rate", "strict format", ":", 1.4),
-    ("accuracy_lenient", "accuracy, lenient (last number)", "--", 1.2),
-    ("accuracy_strict", "accuracy, strict (answer block)", "-", 2.2),
+    ("format_rate", "strict format", ":", 1.4, "tab:green"),
+    ("accuracy_lenient", "accuracy, lenient (last number)", "--", 1.2, "tab:orange"),
+    ("accuracy_strict", "accuracy, strict (answer block)", "-", 2.2, "tab:blue"),
 )
 LENGTH_KEY = "completions/mean_length"
+PANEL_SIZE = (5.2, 4.2)  # inches, the length and accuracy panels
+REWARDS_WIDTH = 7.8  # inches, the rewards' small panels: three columns of two rows
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """The mean of the finite values among the last `window` at each point (of fewer at the start); NaN where there
     are none. A NaN or None (TRL logs None for a reward that was NaN throughout a step) is a gap, not a poison."""
-    out = []
-    for i in range(len(values)):
-        finite = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None and math.isfinite(v)]
-        out.append(sum(finite) / len(finite) if finite else math.nan)
-    return out
+    windows = [values[max(0, i - window + 1) : i + 1] for i in range(len(values))]
+    finite = [[v for v in last if v is not None and math.isfinite(v)] for last in windows]
+    return [sum(kept) / len(kept) if kept else math.nan for kept in finite]
 
 
 def _measured(entry: dict, key: str) -> float | None:
     """An accuracy metric of a log entry, logged as `eval_<key>` (trainer state) or `eval/<key>` (trackers)."""
-    for name in (f"eval_{key}", f"eval/{key}"):
-        if name in entry:
-            return entry[name]
-    return None
+    return entry.get(f"eval_{key}", entry.get(f"eval/{key}"))
 
 
 def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None:
-    """Draw `<output_dir>/curves.png` from its `trainer_state.json` and `eval/{baseline,final}/summary.json`.
-
-    Returns the picture's path, or None (nothing drawn) when the folder holds no trainer state, or when drawing
-    failed: a picture is never worth a run's end (it says why and goes on).
-    """
+    """Draw `<output_dir>/curves.png` (from trainer_state.json, eval/{baseline,final}/summary.json): its path, or None
+    where there is no trainer state or drawing failed (said, not raised: a picture is not worth a run's end)."""
     try:
-        fig = curves_figure(output_dir, title)
-        if fig is None:
+        if (fig := curves_figure(output_dir, title)) is None:
             return None
-        import matplotlib.pyplot as plt
-
         path = Path(output_dir) / FILE_NAME
         fig.savefig(path, dpi=90)
-        plt.close(fig)
     except Exception as err:  # noqa: BLE001 - any failure to draw is reported, never raised
         logger.warning("No curves.png in %s: drawing failed (%s: %s)", output_dir, type(err).__name__, err)
         return None
@@ -70,11 +57,9 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
 
 
 def curves_figure(output_dir: str | Path, title: str | None = None):
-    """The curves as a matplotlib figure (one panel each: rewards, completion length where logged, accuracy where
-    measured), or None when the folder holds no trainer state."""
+    """The figure: rewards, completion length where logged, accuracy where measured; None without a trainer state."""
     output_dir = Path(output_dir)
-    state = read_json(output_dir / "trainer_state.json")
-    if state is None:
+    if (state := read_json(output_dir / "trainer_state.json")) is None:
         logger.info("No trainer_state.json in %s: no curves to draw", output_dir)
         return None
     history = state.get("log_history", [])
@@ -84,47 +69,48 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
     findings = (read_json(output_dir / health.FILE_NAME) or {}).get("findings") or []
     last_step = state.get("global_step") or max((e["step"] for e in history if "step" in e), default=0)
 
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot's: a file, with no display and no window to open
 
-    matplotlib.use("Agg")  # files only: no display needed, and no window opened where there is one
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    panels = ["rewards"]
-    if any(LENGTH_KEY in e for e in steps):
-        panels.append("length")
-    if measured or before or after:
-        panels.append("accuracy")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for name, ax in zip(panels, axes[0], strict=True):
-        if name == "rewards":
-            _plot_rewards(ax, steps)
-            _mark_findings(ax, findings)
-        elif name == "length":
-            _plot_smoothed(ax, steps, [(LENGTH_KEY, "mean", "tab:blue", 1.8)])
-            ax.set(title="Completion length", xlabel="step", ylabel="tokens")
+    shown = {"length": any(LENGTH_KEY in e for e in steps), "accuracy": bool(measured or before or after)}
+    panels = [name for name, show in shown.items() if show]
+    fig = Figure(figsize=(REWARDS_WIDTH + PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
+    widths = [REWARDS_WIDTH] + [PANEL_SIZE[0]] * len(panels)
+    blocks = fig.subfigures(1, 1 + len(panels), squeeze=False, width_ratios=widths)[0]
+    _plot_rewards(blocks[0], steps, findings)
+    for name, block in zip(panels, blocks[1:], strict=True):
+        ax = block.subplots()
+        if name == "length":
+            _plot_smoothed(ax, steps, LENGTH_KEY, "mean", "tab:blue")
+            ax.set(xlabel="step", ylabel="tokens")
+            ax.set_title("Completion length", fontsize=10)
             _mark_findings(ax, findings)
         else:
             _plot_accuracy(ax, measured, before, after, last_step)
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, however few
+        _grid(ax)
     fig.suptitle(title or f"{output_dir.name}: GRPO training", fontsize=12)
-    fig.tight_layout()
     return fig
 
 
-def _plot_smoothed(ax, steps: list[dict], lines: list[tuple[str, str, str, float]]) -> int:
-    """Each (key, label, color, width) per step: faint as logged, solid as a moving average; returns the window."""
+def _plot_smoothed(ax, steps: list[dict], key: str, label: str, color: str) -> tuple[int, list[float]]:
+    """`key` per step, faint as logged and solid as a moving average: (the window, the average)."""
     x = [e["step"] for e in steps]
     window = max(1, round(len(x) / 15))  # about 15 windows across the run, whatever its length
-    for key, label, color, width in lines:
-        values = [math.nan if e.get(key) is None else e[key] for e in steps]
-        if window > 1:
-            ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(x, moving_average(values, window), color=color, linewidth=width, label=label)
+    values = [math.nan if e.get(key) is None else e[key] for e in steps]
+    if window > 1:
+        ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
+    smoothed = moving_average(values, window)
+    ax.plot(x, smoothed, color=color, linewidth=1.8, label=label)
     if not steps:
         ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
-    return window
+    return window, smoothed
+
+
+def _grid(ax) -> None:
+    """A light grid, and the steps as whole numbers, however few."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _mark_findings(ax, findings: list[dict]) -> None:
@@ -133,57 +119,47 @@ def _mark_findings(ax, findings: list[dict]) -> None:
         step = finding.get("step")
         if isinstance(step, (int, float)):
             ax.axvline(step, color="tab:red", linestyle="--", linewidth=1, alpha=0.8)
-            ax.annotate(
-                finding.get("check", "health"),
-                (step, 1),
-                xycoords=("data", "axes fraction"),
-                xytext=(3, -3),
-                textcoords="offset points",
-                rotation=90,
-                va="top",
-                fontsize=7,
-                color="tab:red",
-            )
+            style = dict(xytext=(3, -3), textcoords="offset points", rotation=90, va="top", fontsize=7, color="tab:red")
+            ax.annotate(finding.get("check", "health"), (step, 1), xycoords=("data", "axes fraction"), **style)
 
 
-def _plot_rewards(ax, steps: list[dict]) -> None:
-    keys = sorted({k for e in steps for k in e if k.startswith("rewards/") and k.endswith("/mean")})
-    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
-    lines = [
-        (key, key.removeprefix("rewards/").removesuffix("/mean").removesuffix("_reward_func"), color, 1.6)
-        for key, color in zip(keys, colors * (1 + len(keys) // len(colors)), strict=False)
-    ]
-    window = _plot_smoothed(ax, steps, [*lines, ("reward", "total", "black", 2.4)])
-    smoothing = f" (moving average of {window} steps)" if window > 1 else ""
-    ax.set(title=f"Rewards: mean per step{smoothing}", xlabel="step", ylabel="reward")
-    ax.legend(fontsize=8, loc="best")
+def _plot_rewards(block, steps: list[dict], findings: list[dict]) -> None:
+    """The total and each logged reward in small panels of their own (two rows), each from 0 to its highest value."""
+    keys = ["reward", *sorted({k for e in steps for k in e if k.startswith("rewards/") and k.endswith("/mean")})]
+    rows = 2 if len(keys) > 2 else 1
+    axes = block.subplots(rows, math.ceil(len(keys) / rows), sharex=True, squeeze=False).flatten()
+    for i, (ax, key) in enumerate(zip(axes, keys, strict=False)):
+        label = "total" if i == 0 else key.removeprefix("rewards/").removesuffix("/mean").removesuffix("_reward_func")
+        window, smoothed = _plot_smoothed(ax, steps, key, label, "black" if i == 0 else f"C{i - 1}")
+        latest = smoothed[-1] if smoothed else math.nan  # the title: its latest smoothed value
+        ax.set_title(f"{label}: {latest:.2f}" if math.isfinite(latest) else label, fontsize=9)
+        top = max((e[key] for e in steps if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])), default=1)
+        ax.set_ylim(min(0.0, ax.get_ylim()[0]), max(top, 1e-3) * 1.15)
+        ax.tick_params(labelsize=7)
+        _grid(ax)
+        if i == 0:
+            _mark_findings(ax, findings)
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    smoothing = f", moving average of {window} steps" if window > 1 else ""
+    block.suptitle(f"Rewards: mean per step{smoothing}", fontsize=10)
+    block.supxlabel("step", fontsize=9)
 
 
 def _plot_accuracy(ax, measured: list[dict], before: dict | None, after: dict | None, last_step: int) -> None:
     """Percentages per step during training, the before/after evaluations as large markers at both ends."""
-    colors = {"format_rate": "tab:green", "accuracy_lenient": "tab:orange", "accuracy_strict": "tab:blue"}
-    for key, label, style, width in ACCURACY_LINES:
-        color = colors[key]
-        points = [e for e in measured if _measured(e, key) is not None]
+    for key, label, style, width, color in ACCURACY_LINES:
+        points = [(e["step"], 100 * _measured(e, key)) for e in measured if _measured(e, key) is not None]
         if points:
-            x, y = [e["step"] for e in points], [100 * _measured(e, key) for e in points]
-            ax.plot(x, y, style, marker=".", color=color, linewidth=width, label=label)
+            ax.plot(*zip(*points, strict=True), style, marker=".", color=color, linewidth=width, label=label)
             label = None  # one legend entry per metric
         for summary, step, marker, size, side in ((before, 0, "o", 8, 1), (after, last_step, "*", 13, -1)):
-            if summary is None or key not in summary:
-                continue
-            value = 100 * summary[key]
-            ax.plot(step, value, marker, color=color, markersize=size, label=label)
-            label = None
-            ax.annotate(
-                f"{value:.0f}",
-                (step, value),
-                textcoords="offset points",
-                xytext=(7 * side, 4),
-                ha="left" if side > 0 else "right",
-                fontsize=8,
-                color=color,
-            )
+            if summary and key in summary:
+                value = 100 * summary[key]
+                ax.plot(step, value, marker, color=color, markersize=size, label=label)
+                label = None
+                where = dict(xytext=(7 * side, 4), textcoords="offset points", ha="left" if side > 0 else "right")
+                ax.annotate(f"{value:.0f}", (step, value), fontsize=8, color=color, **where)
     headline = ""
     if before and after:
         headline = f": strict {100 * before['accuracy_strict']:.1f} % → {100 * after['accuracy_strict']:.1f} %"
@@ -192,5 +168,6 @@ def _plot_accuracy(ax, measured: list[dict], before: dict | None, after: dict | 
     if before or after:
         notes.append("o / *: before / after training" + (f", {n} questions" if n else ""))
     ax.plot([], [], " ", label="\n".join(notes))  # no marker: a note in the legend
-    ax.set(title=f"Greedy accuracy on the test split{headline}", xlabel="step", ylabel="%", ylim=(-3, 103))
+    ax.set(xlabel="step", ylabel="%", ylim=(-3, 103))
+    ax.set_title(f"Greedy accuracy{headline}", fontsize=10)
     ax.legend(fontsize=8, loc="best")

@@ -44,11 +44,18 @@ def write_summary(folder, name: str, accuracy: float) -> None:
 
 
 def panels(path) -> int:
-    """How many panels wide a curves.png is: each panel is 5.2 x 4.2 inches at 90 dpi."""
+    """How many panels a curves.png has beside the rewards' block: the block is 7.8 inches wide, each panel 5.2 x
+    4.2, at 90 dpi."""
     width, height = png_size(path)
     assert height == round(4.2 * 90)
-    assert width % round(5.2 * 90) == 0, width
-    return width // round(5.2 * 90)
+    beside = (width - round(7.8 * 90)) / round(5.2 * 90)
+    assert beside == round(beside), width
+    return round(beside)
+
+
+def axes_titled(fig) -> dict:
+    """The figure's visible panels by title, a reward's title without its latest value ("correctness: 1.18")."""
+    return {ax.get_title().split(":")[0]: ax for ax in fig.axes if ax.get_visible()}
 
 
 def png_size(path) -> tuple[int, int]:
@@ -65,7 +72,7 @@ def test_run_with_accuracy_and_before_after(tmp_path):
     write_summary(tmp_path, "final", 0.6)
     path = plots.plot_curves(tmp_path)
     assert path == tmp_path / "curves.png"
-    assert panels(path) == 3  # rewards, completion length, accuracy
+    assert panels(path) == 2  # beside the rewards: completion length, accuracy
     assert 20_000 < path.stat().st_size < 200_000  # drawn, and small enough for the README
 
 
@@ -80,14 +87,22 @@ def test_the_curves_are_the_logged_values(tmp_path):
     write_summary(tmp_path, "final", 0.6)
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     steps = [e for e in history if "reward" in e]
-    rewards, length, accuracy = plots.curves_figure(tmp_path).axes
+    panels = axes_titled(plots.curves_figure(tmp_path))
+    length, accuracy = panels.pop("Completion length"), panels.pop("Greedy accuracy")
+    assert set(panels) == {"total", "xmlcount", "soft_format", "strict_format", "int", "correctness"}
 
     window = 2  # 30 steps / 15
-    drawn = lines_by_label(rewards)
-    assert set(drawn) == {"xmlcount", "soft_format", "strict_format", "int", "correctness", "total"}
     for label, key in (("total", "reward"), ("correctness", f"rewards/{REWARD_NAMES[-1]}/mean")):
-        assert list(drawn[label].get_xdata()) == [e["step"] for e in steps]
-        assert drawn[label].get_ydata() == pytest.approx(plots.moving_average([e[key] for e in steps], window))
+        drawn = lines_by_label(panels[label])[label]
+        assert list(drawn.get_xdata()) == [e["step"] for e in steps]
+        assert drawn.get_ydata() == pytest.approx(plots.moving_average([e[key] for e in steps], window))
+    # Each reward on a scale of its own, from 0 to above its highest value: four rewards of 0.5 never hide each other.
+    for label in ("xmlcount", "soft_format", "strict_format", "int"):
+        highest = max(e[f"rewards/{label}_reward_func/mean"] for e in steps)
+        low, high = panels[label].get_ylim()
+        assert low == 0 and highest < high < 1.2 * highest
+        value = plots.moving_average([e[f"rewards/{label}_reward_func/mean"] for e in steps], window)[-1]
+        assert panels[label].get_title() == f"{label}: {value:.2f}"  # its latest value, read off directly
     assert lines_by_label(length)["mean"].get_ydata() == pytest.approx(
         plots.moving_average([e["completions/mean_length"] for e in steps], window)
     )
@@ -105,7 +120,14 @@ def test_run_without_accuracy_metrics(tmp_path, with_summaries):
     if with_summaries:  # before/after only: drawn as two points
         write_summary(tmp_path, "baseline", 0.1)
         write_summary(tmp_path, "final", 0.3)
-    assert panels(plots.plot_curves(tmp_path)) == (3 if with_summaries else 2)  # accuracy only where measured
+    assert panels(plots.plot_curves(tmp_path)) == (2 if with_summaries else 1)  # accuracy only where measured
+
+
+def test_a_trainer_state_without_training_steps_gets_a_picture_that_says_so(tmp_path):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": []}))
+    assert panels(plots.plot_curves(tmp_path)) == 0  # the rewards' block alone
+    fig = axes_titled(plots.curves_figure(tmp_path))
+    assert [t.get_text() for t in fig["total"].texts] == ["no training steps logged"]
 
 
 def test_folder_without_trainer_state_draws_nothing(tmp_path):
@@ -121,7 +143,7 @@ def test_run_logged_by_a_tracker_under_slash_names(tmp_path):
         for key in [k for k in entry if k.startswith("eval_")]:
             entry["eval/" + key.removeprefix("eval_")] = entry.pop(key)
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
-    assert panels(plots.plot_curves(tmp_path)) == 3
+    assert panels(plots.plot_curves(tmp_path)) == 2
 
 
 def test_moving_average():
@@ -133,8 +155,8 @@ def test_health_findings_are_marked_at_their_steps(tmp_path):
     write_state(tmp_path, steps=30)
     findings = [{"check": "truncation", "step": 12}, {"check": "no_signal", "step": 20}]
     (tmp_path / "health.json").write_text(json.dumps({"status": "findings", "findings": findings}))
-    fig = plots.curves_figure(tmp_path)
-    for ax in fig.axes[:2]:  # rewards, completion length
+    fig = axes_titled(plots.curves_figure(tmp_path))
+    for ax in (fig["total"], fig["Completion length"]):
         vertical = [line.get_xdata() for line in ax.lines if list(line.get_xdata()) in ([12, 12], [20, 20])]
         assert len(vertical) == 2
         assert {t.get_text() for t in ax.texts} >= {"truncation", "no_signal"}
@@ -151,7 +173,7 @@ def test_a_reward_logged_as_none_is_a_gap_and_a_failed_drawing_never_ends_a_run(
     state["log_history"][6]["reward"] = math.nan
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))
     assert plots.moving_average([1.0, None, math.nan, 3.0], 2) == [1.0, 1.0, pytest.approx(math.nan, nan_ok=True), 3.0]
-    assert panels(plots.plot_curves(tmp_path)) == 2
+    assert panels(plots.plot_curves(tmp_path)) == 1
 
     def broken(*args, **kwargs):
         raise ValueError("a font is missing")
