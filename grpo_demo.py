@@ -346,35 +346,33 @@ def weights_dtype(model_args, training_args) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The recipe, from settings to a saved model. A run stopped early exits with the code that says how to go on;
+    a setting, file or folder to fix raises `RecipeError` with the message that says how."""
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import data, evaluation, folders, health, models, modes, plots, preflight, presets, record, tracking
-    from grpo_kit.stopping import exit_if_stopped, on_signals
+    from grpo_kit import checks, data, evaluation, health, models, online, plots, presets, runs, stopping
 
     run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
     fmt, rewards = answer_format(tags), reward_funcs(tags)
     if not (run.eval_only or run.ask) and training_args.process_index == 0:
-        folders.claim(training_args.output_dir)  # one run per output folder
+        runs.claim(training_args.output_dir)  # one run per output folder
     presets.prepare(run, training_args, model_args, fmt)  # --smoke/--demo: a tiny model, generated data
     if run.ask:  # a sampled answer of a saved model to a question of your own
-        return modes.ask(run.ask, model_args, training_args, fmt)
+        return evaluation.ask(run.ask, model_args, training_args, fmt)
 
-    # 1. data: chat prompts with canonical answers; accuracy on the test split, or on the train rows held out for
-    # validation (--eval_split validation: never trained on); over-long prompts dropped
-    on_test = evaluation.measures(run) and run.eval_split == "test"
-    test = get_gsm8k_questions("test", run.dataset, run.strict_data, tags) if on_test else None
-    train = get_gsm8k_questions("train", run.dataset, run.strict_data, tags) if evaluation.reads_train(run) else None
-    train, validation = data.hold_out(train, run.validation_rows)  # a fixed draw, whatever the seed
-    test = validation if run.eval_split == "validation" else test
+    # 1. data: chat prompts with canonical answers; train, and the rows accuracy is measured on (the test split, or
+    # the train rows held out for validation, never trained on); over-long prompts dropped
+    load = partial(get_gsm8k_questions, dataset_dir=run.dataset, strict=run.strict_data, tags=tags)
+    train, measured = data.splits(run, load)
     if run.eval_only:  # k-shot evaluation shows worked solutions from the train split
-        return modes.evaluate_only(test, train, run, training_args, model_args, fmt)
+        return evaluation.evaluate_only(measured, train, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
     examples, train = train, drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
-    tracking.configure_wandb(training_args)
-    preflight.check(train, run, model_args, training_args, examples)  # data, LoRA targets, disk: before the weights
+    online.configure_wandb(training_args)
+    checks.before_the_weights(train, run, model_args, training_args, examples)  # data, LoRA targets, disk
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args)
     trainer = GRPOTrainer(
@@ -387,13 +385,14 @@ def main(argv: list[str] | None = None) -> None:
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
-    trainer.add_callback(evaluation.callback(trainer, test, run, fmt, examples))  # before, during, after training
-    watcher = health.watch(trainer, run.health_checks_off, rewards, fmt)  # truncation, NaN... said as they happen
-    record.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
+    accuracy = evaluation.callback(trainer, measured, run, fmt, examples)  # before, during and after training
+    trainer.add_callback(accuracy)
+    watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen
+    runs.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
 
     # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1
     # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
-    with on_signals(trainer) as signals:
+    with stopping.on_signals(trainer) as signals:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         if not (watcher.stopped or signals.stopped):  # a stopped run's checkpoint holds its weights: no final model
             trainer.save_model(training_args.output_dir)
@@ -404,19 +403,23 @@ def main(argv: list[str] | None = None) -> None:
         # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
         # one may still be writing the state and curves.
         trainer.accelerator.wait_for_everyone()
-        tracking.finish(trainer)  # the trackers, and the processes' group
-        exit_if_stopped(watcher, signals)  # exit 3 (not finite), 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C): how to go on
+        online.finish(trainer)  # the trackers, and the processes' group
+        if code := stopping.exit_code(watcher, signals):  # 3 (not finite), 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C)
+            sys.exit(code)
 
 
 if __name__ == "__main__":
+    from grpo_kit import RecipeError
+    from grpo_kit.runs import disk_full
+
     try:
         main()
+    except RecipeError as err:  # a mistake to fix, said as such: no traceback
+        sys.exit(str(err))
     except KeyboardInterrupt:
         print("\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: --resume_from_checkpoint latest")
         sys.exit(130)
     except Exception as err:
-        from grpo_kit.folders import disk_full
-
         if not disk_full(err):
             raise
         sys.exit(

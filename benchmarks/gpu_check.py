@@ -84,7 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: grpo_demo and grpo_kit are at the repo root
 RECIPE = ROOT / "grpo_demo.py"
 
-from grpo_kit.folders import read_json  # noqa: E402
+from grpo_kit.runs import read_json  # noqa: E402
 
 # Qwen/Qwen2.5-1.5B-Instruct's config.json, the values that set the cost of a step.
 QWEN25_1_5B = dict(
@@ -635,9 +635,9 @@ def table(results: dict) -> str:
 
 
 def environment() -> dict:
-    from grpo_kit import record
+    from grpo_kit import runs
 
-    return {"versions": record.package_versions(), "hardware": record.hardware()}
+    return {"versions": runs.package_versions(), "hardware": runs.hardware()}
 
 
 def parse_args() -> argparse.Namespace:

@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_kit import stats  # noqa: E402
+from grpo_kit import scoring  # noqa: E402
 
 
 def recipe(args: list[str], log: Path) -> None:
@@ -79,7 +79,7 @@ def main() -> None:
                 pair["best"][split],
                 pair["default"][split],
             )
-            paired = stats.paired(default_verdicts, best_verdicts)
+            paired = scoring.paired(default_verdicts, best_verdicts)
             results.append({
                 "seed": seed, "split": split, "best": best_summary["accuracy_strict"],
                 "best_interval": best_summary["interval_strict"], "default": default_summary["accuracy_strict"],

@@ -6,9 +6,10 @@
 On CPU, one thread, side by side in one process: a tiny random Qwen2 (hidden 128, 4 layers) with a tokenizer trained
 on GSM8K's train text, the first `--questions` test questions in the recipe protocol (system prompt + question) and
 the k-shot protocol (8 worked train solutions before the question: long prompts, where a shared prefill matters
-most). Both ways decode the same number of tokens per sample (no end-of-turn stop: a random model rarely writes
-one, and the cost of decoding is then the same), so the ratio is the prefill's share. At a temperature near 0 both
-write the greedy completions: the script checks that they agree, then times them at temperature 1.
+most). Both ways are `grpo_kit.generation.generate_samples`: of each prompt with n samples (one prefill), and of
+each prompt copied n times with one sample each (n prefills), in the same batches and from the same seed, so they
+draw the same tokens and the ratio is the prefill's share; the script checks that they do, and that at a
+temperature near 0 both write the greedy completions (`generate_greedy`).
 """
 
 from __future__ import annotations
@@ -22,43 +23,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: grpo_demo is at the repo root
 
 import grpo_demo  # noqa: E402
-from grpo_kit import generation, protocols, smoke  # noqa: E402
+from grpo_kit import generation, scoring, smoke  # noqa: E402
 
 
-def separately(model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size):
-    """The same samples without a shared prefill: each prompt copied `samples` times into the batch."""
-    import torch
-
-    encoded = generation.prompt_ids(tokenizer, prompts)
-    pad = generation.pad_id(tokenizer)
-    per_batch = max(1, batch_size // samples)
-    texts = []
-    with torch.no_grad():
-        for start in range(0, len(encoded), per_batch):
-            input_ids, attention_mask = generation.left_pad(encoded[start : start + per_batch], pad)
-            output = model.generate(
-                input_ids=input_ids.repeat_interleave(samples, dim=0),
-                attention_mask=attention_mask.repeat_interleave(samples, dim=0),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=True,
-                temperature=temperature,
-                top_p=1.0,
-                top_k=0,
-                pad_token_id=pad,
-            )
-            texts += tokenizer.batch_decode(output[:, input_ids.shape[1] :], skip_special_tokens=True)
-    return texts
+def shared(model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size) -> list[str]:
+    """`samples` completions of each prompt from one prefill of it, seed 0 (`generation.generate_samples`)."""
+    drawn = generation.generate_samples(
+        model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size, 0, progress=False
+    )
+    return [g.text for own in drawn for g in own]
 
 
-def shared(model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size):
-    import torch
-
-    with torch.no_grad():
-        generated = generation.generate_samples(
-            model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size, seed=0, progress=False
-        )
-    return [g.text for own in generated for g in own]
+def separately(model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size) -> list[str]:
+    """The same samples without a shared prefill: each prompt copied `samples` times, every copy prefilled alone for
+    its one sample, in the shared way's batches (the copies of batch_size // samples prompts each)."""
+    copies = [prompt for prompt in prompts for _ in range(samples)]
+    return shared(model, tokenizer, copies, 1, temperature, max_new_tokens, max(1, batch_size // samples) * samples)
 
 
 def main() -> None:
@@ -79,21 +59,21 @@ def main() -> None:
     corpus = [f"{row['question']}\n{row['solution']}" for row in train.select(range(2000))]
     tokenizer = smoke.build_tokenizer(smoke.corpus(fmt, []) + corpus, fmt.tags, vocab_size=2000)
     model = smoke.build_tiny_model(tokenizer, hidden_size=128, num_layers=4).eval()
-    model.generation_config.eos_token_id = None  # decode every token: the same work both ways
     test_questions = {row["question"] for row in test}
 
     results = []
     for name in ("recipe", "kshot"):
-        protocol = protocols.build(name, fmt, train_rows=train, test_questions=test_questions, seed=1234)
+        protocol = scoring.build_protocol(name, fmt, train_rows=train, test_questions=test_questions, seed=1234)
         prompts = [protocol.prompt(row["question"]) for row in test]
         lengths = [len(ids) for ids in generation.prompt_ids(tokenizer, prompts)]
-        cold = (model, tokenizer, prompts, 2, 1e-6, 8, args.batch_size)
-        agree = shared(*cold) == separately(*cold)
+        greedy = generation.generate_greedy(model, tokenizer, prompts, 8, args.batch_size, progress=False)
+        cold = shared(model, tokenizer, prompts, 2, 1e-6, 8, args.batch_size)  # temperature ~0: greedy, twice
+        agree = cold == [g.text for g in greedy for _ in range(2)]
         hot = (model, tokenizer, prompts, args.samples, 1.0, args.max_new_tokens, args.batch_size)
-        seconds = {}
+        seconds, drawn = {}, {}
         for way, run in (("separate", separately), ("shared", shared), ("separate", separately), ("shared", shared)):
             started = time.perf_counter()
-            run(*hot)
+            drawn[way] = run(*hot)
             seconds.setdefault(way, []).append(time.perf_counter() - started)
         best = {way: min(times) for way, times in seconds.items()}  # the second pass of each: nothing to warm up
         results.append(
@@ -104,6 +84,7 @@ def main() -> None:
                 "shared_s": round(best["shared"], 2),
                 "speedup": round(best["separate"] / best["shared"], 2),
                 "greedy_agree": agree,
+                "same_samples": drawn["separate"] == drawn["shared"],
             }
         )
 
@@ -111,15 +92,18 @@ def main() -> None:
         f"\n{args.questions} GSM8K test questions x {args.samples} samples, {args.max_new_tokens} new tokens each, "
         f"{args.batch_size} completions per batch; tiny Qwen2 (hidden 128, 4 layers), 1 CPU thread\n"
     )
-    print("| protocol | mean prompt tokens | n separate prompts (s) | one prefill (s) | speed-up | cold: same |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| protocol | mean prompt tokens | n separate prompts (s) | one prefill (s) | speed-up | cold: greedy |", end=""
+    )
+    print(" same samples |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
             f"| {r['protocol']} | {r['mean_prompt_tokens']:.0f} | {r['separate_s']} | {r['shared_s']} | "
-            f"{r['speedup']}x | {'yes' if r['greedy_agree'] else 'no'} |"
+            f"{r['speedup']}x | {'yes' if r['greedy_agree'] else 'no'} | {'yes' if r['same_samples'] else 'no'} |"
         )
     print(json.dumps(results))
-    if not all(r["greedy_agree"] for r in results):
+    if not all(r["greedy_agree"] and r["same_samples"] for r in results):
         sys.exit(1)
 
 

@@ -1,13 +1,24 @@
 """Machinery behind grpo_demo.py that a reader need not see to change the recipe. It never imports the recipe:
-what it needs of it (the answer format, the rewards, the defaults) is passed in.
+what it needs of it (the answer format, the rewards, the defaults) is passed in. One job a module:
 
-- `settings`, `checks`: the settings (constants < preset < YAML < command line), checked before anything loads.
-- `presets`, `smoke`, `demo`: the offline presets (a tiny model and generated problems; the demo warm-starts it).
-- `data`, `models`: reading GSM8K-format files; tokenizer, attention, model loading and adapter precision.
-- `answer_format`, `numbers`: the interface to the recipe's format, and exact number parsing.
-- `evaluation`, `generation`, `scoring`, `reports`: GSM8K accuracy before, during and after training.
-- `modes`: `--eval_only` and `--ask`.
-- `record`, `tracking`, `plots`: the run record, wandb set-up, the curves picture.
-- `merge`: a LoRA adapter merged into its base model (`python -m grpo_kit.merge`).
-- `search`: the reward-weight search, an Optuna study of recipe runs (`python -m grpo_kit.search`).
-"""
+- `settings`: the settings, parsed once (constants < preset < YAML < command line); `checks`: refusing, before
+  anything loads, what could not run; `presets`: the offline presets' settings, and building their assets.
+- `smoke`, `demo`: the offline assets: tiny models and generated problems; the demo's warm start.
+- `data`: GSM8K-format splits, and which a run reads; `answer_format`, `numbers`: the recipe's format, exact numbers.
+- `models`: this machine's GPUs and packages, the tokenizer, attention, loading; `generation`: completions.
+- `evaluation`: GSM8K accuracy before, during and after training, `--eval_only` and `--ask`; `scoring`: how an
+  answer is read and counted (protocols, intervals, pass@k); `reports`: evaluations on disk and their tables.
+- `runs`: a run's life in its folder (lock, record, checkpoints, resume); `stopping`: stopping early on a signal;
+  `health`: the training-health watcher; `plots`: curves.png; `online`: the Hub and wandb, reachable or not.
+- `merge`: a LoRA adapter merged into its base (`python -m grpo_kit.merge`); `search`: the reward-weight search, an
+  Optuna study of recipe runs (`python -m grpo_kit.search`).
+
+The kit raises `RecipeError` for what a user can fix; only the entry points turn it into a message and an exit code."""
+
+
+class RecipeError(Exception):
+    """A problem the user can fix, its message saying how; `problems`: several under one heading, a line each."""
+
+    def __init__(self, message: str, problems: list[str] | tuple[str, ...] = ()):
+        self.problems = list(problems)
+        super().__init__(message + "".join(f"\n  - {problem}" for problem in self.problems))

@@ -1,61 +1,51 @@
-"""GSM8K accuracy of a model: completions of the test split (greedy, and sampled for pass@k / maj@k), scored in an
-evaluation protocol (`grpo_kit.protocols`: the recipe's own format by default).
+"""GSM8K accuracy of a model, entered here alone: completions of the measured split (greedy, and sampled for
+pass@k / maj@k) scored in a protocol (`grpo_kit.scoring`), during a training run (`callback`: the trainer's own
+model, no second copy), of a saved model (`evaluate_only`, `--eval_only`), and one sampled answer (`ask`).
 
 Evaluation is collective: under `accelerate launch` every process generates its share of the questions, the
-completions are gathered, and the main process writes the report, so N processes evaluate N times faster and none
-waits alone for another. Each process makes the same number of `generate` calls, which DeepSpeed ZeRO-3 needs
-(its `generate` synchronises every token across processes).
+completions are gathered and the main process writes the report, so N processes evaluate N times faster. Each
+process makes the same number of `generate` calls, which ZeRO-3 needs (its `generate` synchronises every token)."""
 
-During training the trainer's own model is measured (`AccuracyCallback`): the start model before the first step,
-a fixed subset every `eval_every_steps` steps, the trained model after the last step. No second copy is loaded.
-"""
-
-from __future__ import annotations
-
+import gc
+import hashlib
+import json
 import logging
-import sys
 import time
 from contextlib import nullcontext
-from functools import partial
 from itertools import islice
+from pathlib import Path
 
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
+from grpo_kit import RecipeError, generation, models, reports
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
-from grpo_kit.protocols import build as build_protocol
 from grpo_kit.reports import compare, eval_name, write_report
-from grpo_kit.scoring import score, summarize, summarize_samples
+from grpo_kit.scoring import build_protocol, score, summarize, summarize_samples
 
 logger = logging.getLogger("grpo_demo")
 
 # Logged during training under `eval_` names: the trainer's wandb integration shows them as `eval/accuracy_strict`...
 LOGGED_METRICS = ("accuracy_strict", "accuracy_lenient", "format_rate", "mean_completion_tokens")
-
-
-def measures(run) -> bool:
-    """Whether a run measures accuracy at all (and so needs the test split)."""
-    return bool(run.eval_only or run.final_eval or run.eval_every_steps > 0)
+SHOTS_SEED = 1234  # the k-shot examples' draw, fixed whatever the training seed (the value lm-eval seeds its with)
 
 
 def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
-    """(the question indices process `index` of `count` generates, how many of them are its own).
-
-    Every `count`-th question from `index`, then repeats of one question up to ceil(n / count), so that every
-    process generates as many completions as every other (the repeats are dropped).
-    """
+    """(the indices process `index` of `count` generates, how many are its own): every `count`-th question from `index`,
+    then repeats of one up to ceil(n / count), so that each process makes as many completions (repeats dropped)."""
     own = list(range(index, n, count))
     return own + [own[-1] if own else 0] * (-(-n // count) - len(own)), len(own)
 
 
-def generate_collectively(model, tokenizer, prompts: list, generate, desc: str):
-    """`generate(model, tokenizer, prompts, desc=..., progress=...)` of `prompts` in input order, run by every
-    process on its share and gathered (`generation.generate_greedy` or `generate_samples`, arguments bound)."""
-    from accelerate import PartialState
-    from accelerate.utils import gather_object
-
+def generate_collectively(model, tokenizer, prompts: list, generate, desc: str, **settings):
+    """`generate(model, tokenizer, prompts, desc=, progress=, **settings)` (`generation.generate_greedy` or
+    `generate_samples`) of `prompts` in input order, run by every process on its share and gathered."""
     state = PartialState()
     indices, own = shard(len(prompts), state.process_index, state.num_processes)
-    generations = generate(model, tokenizer, [prompts[i] for i in indices], desc=desc, progress=state.is_main_process)
+    shown = dict(desc=desc, progress=state.is_main_process)
+    generations = generate(model, tokenizer, [prompts[i] for i in indices], **shown, **settings)
     mine = list(zip(indices[:own], generations[:own], strict=True))
     by_index = dict(gather_object(mine) if state.num_processes > 1 else mine)
     return [by_index[i] for i in range(len(prompts))]
@@ -75,49 +65,32 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     desc: str = "GSM8K",
-    generations: list[Generation] | None = None,
-    sampled: list[list[Generation]] | None = None,
+    vllm: tuple[list[Generation], list[list[Generation]] | None] | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Accuracy on `rows` (the recipe's rows: `question`, `prompt`, `answer`) under `protocol` (default: the
-    recipe's; `grpo_kit.protocols`): greedy, and with `samples` > 0 also pass@k and maj@k of that many samples per
-    question at `temperature`.
-
-    Returns (summary, records), the same on every process: the summary holds `scoring.summarize`'s rates and
-    intervals, `protocol`, `model`, `backend`, `max_new_tokens`, `processes`, `seconds`, `questions_per_second` and,
-    with samples, `sampling` (`scoring.summarize_samples`); a record holds the question, gold answer, completion,
-    `scoring.score`'s fields, `completion_tokens`, `truncated` and, with samples, `samples` (each scored alike).
-    `generations` (and `sampled`) given, vLLM's, are scored instead of generating with `model`.
-    """
-    from accelerate import PartialState
-
+    """Accuracy on `rows` (the recipe's: `question`, `prompt`, `answer`) under `protocol` (default: the recipe's):
+    greedy, and with `samples` > 0 pass@k and maj@k of that many samples per question at `temperature`; `vllm`
+    given (`generation.generate_vllm`'s completions), those are scored instead. Returns (summary, records), the same
+    on every process: `scoring.summarize`'s rates with the measurement's terms (and `summarize_samples`' `sampling`),
+    and each question's completion with `scoring.score`'s fields, its length and its `samples`."""
     protocol = protocol or build_protocol("recipe", answer_format)
-    rows = list(rows)
-    started = time.perf_counter()
-    backend = "vllm" if generations is not None else "hf"
+    rows, started = list(rows), time.perf_counter()
     prompts = [protocol.prompt(row["question"]) for row in rows]
-    if generations is None:
+    processes = PartialState().num_processes if vllm is None else 1
+    generations, sampled = vllm or (None, None)
+    if vllm is None:
         warn_if_past_positions(model, tokenizer, prompts, max_new_tokens)
-        greedy = partial(generate_greedy, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        generations = generate_collectively(model, tokenizer, prompts, greedy, desc)
+        lengths = dict(max_new_tokens=max_new_tokens, batch_size=batch_size)
+        generations = generate_collectively(model, tokenizer, prompts, generate_greedy, desc, **lengths)
         if samples > 0:
-            sample = partial(
-                generate_samples,
-                samples=samples,
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                seed=seed + PartialState().process_index,  # each process samples its own share
-            )
-            sampled = generate_collectively(model, tokenizer, prompts, sample, f"{desc}, {samples} samples")
+            own_seed = seed + PartialState().process_index  # each process samples its own share
+            drawn = dict(samples=samples, temperature=temperature, seed=own_seed, **lengths)
+            shown = f"{desc}, {samples} samples"
+            sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, **drawn)
     seconds = time.perf_counter() - started
 
     def scored(g: Generation, gold: str) -> dict:
-        return {
-            "completion": g.text,
-            **score(g.text, gold, answer_format, protocol),
-            "completion_tokens": g.tokens,
-            "truncated": g.truncated,
-        }
+        tokens = {"completion_tokens": g.tokens, "truncated": g.truncated}
+        return {"completion": g.text, **score(g.text, gold, answer_format, protocol), **tokens}
 
     records = [
         {"question": row["question"], "gold": row["answer"], **scored(g, row["answer"])}
@@ -132,82 +105,49 @@ def evaluate(
         **({"protocol_details": protocol.details} if protocol.details else {}),
         "model": model_name,
         "questions_sha256": questions_fingerprint(rows),
-        "backend": backend,
+        "backend": "hf" if vllm is None else "vllm",
         "max_new_tokens": max_new_tokens,
-        "processes": PartialState().num_processes if backend == "hf" else 1,
+        "processes": processes,
         "seconds": round(seconds, 2),
         "questions_per_second": round(len(records) / seconds, 2) if seconds else None,
     }
     if prompts:  # what the model saw, a chat template's own default system message included
         summary["first_prompt"] = tokenizer.apply_chat_template(prompts[0], tokenize=False, add_generation_prompt=True)
     if sampled is not None:
-        summary["sampling"] = {
-            **summarize_samples(records, len(sampled[0]) if sampled else samples, temperature),
-            "seed": seed,  # each process samples its share with seed + its index: results depend on both
-            "processes": PartialState().num_processes if backend == "hf" else 1,
-            "batch_size": batch_size,
-        }
+        terms = {"seed": seed, "processes": processes, "batch_size": batch_size}  # the samples depend on all three
+        summary["sampling"] = summarize_samples(records, len(sampled[0]) if sampled else samples, temperature) | terms
     return summary, records
 
 
-def longest_prompt(tokenizer, prompts: list) -> int:
-    from grpo_kit.generation import prompt_ids
-
-    return max((len(ids) for ids in prompt_ids(tokenizer, prompts)), default=0)
+def too_long(tokenizer, prompts: list, max_new_tokens: int, limit: int | None) -> int | None:
+    """The longest prompt's length where it and `max_new_tokens` run past `limit` positions, else None."""
+    longest = max((len(ids) for ids in generation.prompt_ids(tokenizer, prompts)), default=0) if limit else 0
+    return longest if limit and longest + max_new_tokens > limit else None
 
 
 def warn_if_past_positions(model, tokenizer, prompts: list, max_new_tokens: int) -> None:
-    """Say so where a prompt and its completion run past the positions the model was trained on (k-shot prompts are
-    long): it generates there, but nobody knows what its answers are worth."""
+    """Warn where a prompt and completion run past the model's trained positions: answers there are of unknown worth."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    longest = longest_prompt(tokenizer, prompts)
-    if limit and longest + max_new_tokens > limit:
+    if (longest := too_long(tokenizer, prompts, max_new_tokens, limit)) is not None:
         logger.warning(
             "The longest prompt (%d tokens) and %d new tokens run past the model's %d positions: lower --eval_shots "
             "or --max_completion_length for numbers that mean something",
-            longest,
-            max_new_tokens,
-            limit,
-        )
+            longest, max_new_tokens, limit,
+        )  # fmt: skip
 
 
 def questions_fingerprint(rows) -> str:
     """sha256 over the questions and gold answers evaluated, in order: two evaluations compare only on the same."""
-    import hashlib
-    import json
-
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(json.dumps([row["question"], row["answer"]], ensure_ascii=False).encode() + b"\n")
-    return digest.hexdigest()
-
-
-def release_memory() -> None:
-    """Give the memory generation took (KV caches, activations) back to the allocator's pool for training."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    lines = "".join(json.dumps([row["question"], row["answer"]], ensure_ascii=False) + "\n" for row in rows)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 class AccuracyCallback(TrainerCallback):
-    """Accuracy of the trainer's own model, generated by every process in shares:
-
-    - `before_and_after`: the start model at the start of a new run (`eval/baseline/`, not on resume: the run's
-      start model was measured when it started) and the trained model after the last step (`eval/final/`), then
-      `eval/comparison.json` (paired test, flipped questions); in each of `protocols` (the recipe's, then
-      `baseline-kshot`, ...), with pass@k and maj@k where `sampling` asks;
-    - `every_steps` > 0: the first `subset` rows every `every_steps` optimizer steps, logged as
-      `eval_accuracy_strict`, `eval_accuracy_lenient`, `eval_format_rate` and `eval_mean_completion_tokens` in
-      `trainer_state.json`'s log history, and as `eval/...` in wandb.
-
-    The model is unwrapped as the trainer unwraps it for its own rollouts (TRL's `unwrap_model_for_generation`:
-    ZeRO-3 weights gathered, gradient checkpointing off), run in eval mode with the KV cache and the trainer's
-    autocast (bf16 on a GPU, as in training), then put back.
-    """
+    """Accuracy of the trainer's own model. `before_and_after`: the start model at the start of a new run
+    (`eval/baseline/`) and the trained model after the last step (`eval/final/`), then `eval/comparison.json`, in each
+    of `protocols`, with pass@k and maj@k where `sampling` asks. `every_steps` > 0: the first `subset` rows every
+    `every_steps` optimizer steps, logged as `eval_` + LOGGED_METRICS. The model is unwrapped as for the trainer's
+    rollouts (ZeRO-3 weights gathered, gradient checkpointing off) and run in its autocast (bf16 on a GPU)."""
 
     def __init__(
         self,
@@ -224,16 +164,13 @@ class AccuracyCallback(TrainerCallback):
         sampling=None,
         split="test",
     ):
-        self.trainer = trainer
+        self.trainer, self.answer_format, self.batch_size = trainer, answer_format, batch_size
+        self.before_and_after, self.every_steps = before_and_after, every_steps
         self.rows = list(islice(rows or [], limit))
         self.subset = self.rows[:subset]
-        self.answer_format = answer_format
         self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
         self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
         self.split = split  # the rows measured: "test", or "validation" (held out of train, --eval_split)
-        self.before_and_after = before_and_after
-        self.every_steps = every_steps
-        self.batch_size = batch_size
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
     def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
@@ -246,42 +183,46 @@ class AccuracyCallback(TrainerCallback):
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
+        settings = dict(model_name=model_name, protocol=protocol, desc=desc, **(sampling or {}))
+        settings.update(max_new_tokens=args.max_completion_length, batch_size=self.batch_size)
         with unwrapped as model, trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext():
-            result = evaluate(
-                model,
-                trainer.processing_class,
-                rows,
-                self.answer_format,
-                max_new_tokens=args.max_completion_length,
-                batch_size=self.batch_size,
-                model_name=model_name,
-                protocol=protocol,
-                desc=desc,
-                **(sampling or {}),
-            )
-        release_memory()
+            result = evaluate(model, trainer.processing_class, rows, self.answer_format, **settings)
+        gc.collect()  # the memory generation took (KV caches, activations) back to the allocator's pool for training
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
         return result
 
-    def report(self, base: str, model_name: str) -> None:
-        """`base` (baseline, final) in every protocol asked for, with the sampling metrics where asked."""
+    def report(self, base: str, model_name: str) -> list[dict]:
+        """`base` (baseline, final) in every protocol; returns the records of the first (the recipe's)."""
+        first = None
         for protocol in self.protocols:
             name = eval_name(base, protocol.name)
             summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
-            summary["split"] = self.split
-            if base == "final":
-                summary["start_model"] = self.start_model
+            summary |= {"split": self.split} | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
                 write_report(self.trainer.args.output_dir, name, summary, records)
+            first = records if first is None else first
+        return first
+
+    @property
+    def measured(self) -> int:
+        """How many questions each in-training measurement asks (0: none is made)."""
+        return len(self.subset) if self.every_steps > 0 else 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not self.before_and_after:
+        if state.global_step > 0:
+            if self.before_and_after:
+                logger.info(
+                    "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
+                )
             return
-        if state.global_step == 0:
-            self.report("baseline", self.start_model)
-        else:
-            logger.info(
-                "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
+        records = self.report("baseline", self.start_model) if self.before_and_after else None
+        if self.every_steps > 0:  # the subset's accuracy at step 0, where the in-training curve starts
+            subset = (
+                records[: len(self.subset)]
+                if records
+                else self.measure(self.subset, self.start_model, "accuracy at step 0")[1]
             )
+            self.log_subset(summarize(subset), control)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.every_steps <= 0 or state.global_step % self.every_steps:
@@ -289,16 +230,15 @@ class AccuracyCallback(TrainerCallback):
         if control.should_training_stop and state.global_step < state.max_steps:
             return  # stopping early (grpo_kit/stopping.py): the checkpoint first, as a scheduler's grace is short
         summary, _ = self.measure(self.subset, args.output_dir, f"accuracy at step {state.global_step}")
-        logger.info(
-            "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions",
-            state.global_step,
-            100 * summary["accuracy_strict"],
-            100 * summary["accuracy_lenient"],
-            summary["n"],
-        )
-        # The base Trainer.log, not GRPOTrainer.log: that one would take the rewards pending for this step's log
-        # entry into this one and print the completion sample again. Logging clears `should_log`, which the
-        # trainer set for that entry: keep it.
+        accuracy = [100 * summary[f"accuracy_{verdict}"] for verdict in ("strict", "lenient")]
+        message = "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions"
+        logger.info(message, state.global_step, *accuracy, summary["n"])
+        self.log_subset(summary, control)
+
+    def log_subset(self, summary: dict, control) -> None:
+        """The subset's accuracy in the log history and wandb, at this step. The base Trainer.log, not
+        GRPOTrainer.log: that one would take the rewards pending for this step's log entry into this one and print
+        the completion sample again. Logging clears `should_log`, which the trainer set for that entry: kept."""
         should_log = control.should_log
         Trainer.log(self.trainer, {f"eval_{key}": summary[key] for key in LOGGED_METRICS})
         control.should_log = should_log
@@ -316,43 +256,24 @@ class AccuracyCallback(TrainerCallback):
 
 
 def protocols(run, answer_format, test_rows, train_rows, *, training: bool) -> list:
-    """The protocols `run.eval_protocols` names (a training run's baseline and final always include the recipe's,
-    first), built: k-shot examples from the whole train split `train_rows`, never a question of the whole test split
-    `test_rows`. Stops with a message where k-shot has too few examples to show."""
+    """The protocols `run.eval_protocols` names (a training run's always the recipe's first), built: k-shot examples
+    from the whole train split `train_rows`, never a question of the whole test split `test_rows`."""
     names = list(dict.fromkeys((["recipe"] if training else []) + list(run.eval_protocols)))
-    questions = {row["question"] for row in test_rows or []}
+    kshot = {"train_rows": train_rows, "shots": run.eval_shots, "seed": SHOTS_SEED}
+    kshot["test_questions"] = {row["question"] for row in test_rows or []}
     try:
-        return [
-            build_protocol(
-                name,
-                answer_format,
-                train_rows=train_rows,
-                test_questions=questions,
-                shots=run.eval_shots,
-                seed=SHOTS_SEED,
-            )
-            for name in names
-        ]
+        return [build_protocol(name, answer_format, **kshot) for name in names]
     except ValueError as err:
-        sys.exit(f"--eval_protocols kshot: {err}: lower --eval_shots, or give a train split with more (--dataset)")
-
-
-SHOTS_SEED = 1234  # the k-shot examples' draw, fixed whatever the training seed (the value lm-eval seeds its with)
-
-
-def reads_train(run) -> bool:
-    """Whether a run needs the train split: to train, to show k-shot examples from it, or to measure the rows it
-    holds out for validation."""
-    return not run.eval_only or "kshot" in run.eval_protocols or run.eval_split == "validation"
+        raise RecipeError(
+            f"--eval_protocols kshot: {err}: lower --eval_shots, or give a train split with more (--dataset)"
+        ) from None
 
 
 def sampling(run, training_args) -> dict:
-    """pass@k / maj@k settings for `evaluate`: none unless `eval_samples` > 0; the training temperature unless
-    `eval_temperature` is given; the run's seed."""
-    if run.eval_samples <= 0:
-        return {}
-    temperature = run.eval_temperature if run.eval_temperature is not None else training_args.temperature
-    return {"samples": run.eval_samples, "temperature": temperature, "seed": training_args.seed}
+    """pass@k / maj@k settings for `evaluate` (none unless `eval_samples` > 0): the run's seed, the eval temperature."""
+    temperature = training_args.temperature if run.eval_temperature is None else run.eval_temperature
+    drawn = {"samples": run.eval_samples, "temperature": temperature, "seed": training_args.seed}
+    return drawn if run.eval_samples > 0 else {}
 
 
 def callback(trainer, test_rows, run, answer_format, train_rows=None) -> AccuracyCallback:
@@ -370,3 +291,67 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
         sampling=sampling(run, trainer.args),
         split=run.eval_split,
     )
+
+
+def ask(question: str, model_args, training_args, answer_format) -> None:
+    """Print a sampled answer of `--model_name_or_path` to `question`, in the recipe's prompt (in one process)."""
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    model = models.load_for_inference(model_args, training_args)
+    messages = answer_format.chat_prompt(question)
+    print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
+
+
+def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_format) -> list[dict]:
+    """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (`settings.resolve` picks the
+    folder), in each of `--eval_protocols`: `final`, `final-kshot`... of a folder a training run saved, `baseline`...
+    of a start model; then the comparison. An evaluation of that name on other terms is kept, and this one written
+    beside it (`final-2`, ...). With `--use_vllm` one vLLM engine does it all. Returns the summaries."""
+    path, output_dir = model_args.model_name_or_path, training_args.output_dir
+    max_new = training_args.max_completion_length
+    trained = (Path(path) / "trainer_state.json").is_file()
+    rows = list(islice(test_rows, run.eval_limit))
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    drawn = sampling(run, training_args)
+    asked = protocols(run, answer_format, test_rows, train_rows, training=False)  # before the weights
+    model = None if training_args.use_vllm else models.load_for_inference(model_args, training_args)
+    if training_args.use_vllm:
+        fits(tokenizer, asked, rows, training_args)
+        engine = generation.vllm_engine(
+            path,
+            training_args.vllm_max_model_length,
+            dtype=models.inference_dtype(model_args, training_args),
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+            gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
+        )
+    summaries, fingerprint = [], questions_fingerprint(rows)
+    for protocol in asked:
+        # What the summary will say of these, so that an evaluation of other terms is never written over:
+        terms = dict(model=path, questions_sha256=fingerprint, max_new_tokens=max_new, protocol=protocol.name)
+        terms.update(protocol_details=protocol.details or None, sampling=drawn or None)
+        name = reports.free_name(output_dir, eval_name("final" if trained else "baseline", protocol.name), terms)
+        settings = dict(max_new_tokens=max_new, batch_size=run.eval_batch_size, model_name=path, protocol=protocol)
+        if training_args.use_vllm:  # vLLM's completions, scored instead of generating with `model`
+            prompts = [protocol.prompt(row["question"]) for row in rows]
+            settings["vllm"] = generation.generate_vllm(engine, tokenizer, prompts, max_new, **drawn)
+        summary, records = evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings, **drawn)
+        summary |= {"split": run.eval_split} | ({"start_model": reports.start_model_of(path)} if trained else {})
+        if PartialState().is_main_process:
+            write_report(output_dir, name, summary, records)
+            compare(output_dir, protocol.name)
+        summaries.append(summary)
+    return summaries
+
+
+def fits(tokenizer, protocols, rows, training_args) -> None:
+    """Stop before vLLM starts where a prompt and its completion would not fit `--vllm_max_model_length` (k-shot
+    prompts are long): vLLM would refuse it midway."""
+    limit, max_new = training_args.vllm_max_model_length, training_args.max_completion_length
+    for protocol in protocols:
+        prompts = [protocol.prompt(row["question"]) for row in rows]
+        if (longest := too_long(tokenizer, prompts, max_new, limit)) is not None:
+            raise RecipeError(
+                f"The {protocol.name} protocol's longest prompt ({longest} tokens) and --max_completion_length "
+                f"{max_new} exceed --vllm_max_model_length {limit}: raise it, or lower --eval_shots or "
+                "--max_completion_length"
+            )

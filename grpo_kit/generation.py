@@ -1,13 +1,10 @@
-"""Completions of chat prompts: greedy in left-padded batches (transformers), n samples per prompt from one
-prefill, greedy and sampled with vLLM, and one sample for `--ask`.
-
-Decoding for evaluation is greedy with no repetition penalty (a model's own generation config may ask for sampling
-or a penalty: both are overridden), so the transformers and vLLM paths score the same completions up to numerics.
-"""
-
-from __future__ import annotations
+"""Completions of chat prompts: greedy in left-padded batches (transformers), n samples per prompt from one prefill,
+greedy and sampled with vLLM, one sample for `--ask`. Evaluation decodes greedily with no repetition penalty, whatever a
+model's generation config asks, so transformers and vLLM score the same completions up to numerics."""
 
 from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
 from typing import NamedTuple
 
 ASK_TEMPERATURE, ASK_TOP_P = 0.8, 0.95  # a sample, as a user would see it, not the greedy evaluation answer
@@ -35,12 +32,8 @@ def left_pad(sequences: list[list[int]], pad: int):
     import torch
 
     width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[row, width - len(seq) :] = 1
-    return input_ids, attention_mask
+    input_ids = torch.tensor([[pad] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long)
+    return input_ids, torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -52,17 +45,14 @@ def stop_ids(model, tokenizer) -> list[int]:
 
 @contextmanager
 def own_generation_config(model, stops: list[int], pad: int):
-    """The model's generation config replaced, for the duration, by one that holds only its end and pad tokens:
-    a model's own defaults (min_p, typical_p, no_repeat_ngram_size, a repetition penalty...) would otherwise fill
-    every value a call leaves unset (`generate` takes them from `model.generation_config`), and the completions
-    would not be the greedy or full-softmax ones they are reported as."""
+    """The model's generation config replaced, for the duration, by one that holds only its end and pad tokens: a
+    model's own defaults (min_p, no_repeat_ngram_size, a repetition penalty...) would fill every value a `generate`
+    call leaves unset, and the completions would not be the greedy or full-softmax ones they are reported as."""
     from transformers import GenerationConfig
 
     target = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT generates with the base's
     kept = target.generation_config
-    target.generation_config = GenerationConfig(
-        eos_token_id=stops, pad_token_id=pad, bos_token_id=getattr(kept, "bos_token_id", None)
-    )
+    target.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad, bos_token_id=kept.bos_token_id)
     try:
         yield
     finally:
@@ -70,121 +60,71 @@ def own_generation_config(model, stops: list[int], pad: int):
 
 
 def generate_greedy(
-    model,
-    tokenizer,
-    prompts: list[list[dict]],
-    max_new_tokens: int,
-    batch_size: int,
-    desc: str = "GSM8K",
-    progress: bool = True,
+    model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int, desc="GSM8K", progress=True
 ) -> list[Generation]:
-    """Greedy completions of chat prompts, in input order, generated in left-padded batches with the KV cache.
+    greedy = partial(model.generate, do_sample=False)
+    return [g for (g,) in _batched(model, tokenizer, prompts, batch_size, 1, max_new_tokens, greedy, desc, progress)]
 
-    Prompts run longest first (similar lengths share a batch, and running out of memory happens at once, not at
-    the end). The model is put in eval mode and back in the mode it was in; the tokenizer is not modified. The
-    number of `generate` calls depends only on len(prompts) and batch_size (ZeRO-3 generation is collective).
-    """
+
+def generate_samples(
+    model, tokenizer, prompts, samples, temperature, max_new_tokens, batch_size, seed, desc=None, progress=True
+) -> list[list[Generation]]:
+    """`samples` sampled completions of each chat prompt (full softmax at `temperature`: no top-p or top-k), in
+    input order, from one encoding of each prompt: a batch of prompts is run through the model once (the prefill),
+    its KV cache repeated `samples` times, and every continuation sampled from it. `batch_size` counts completions
+    (batch_size // samples prompts a batch, at least one). Seeded, leaving the random state training goes on with."""
+    import torch
+    from transformers import DynamicCache
+
+    def prefilled(input_ids, attention_mask, **decoding):
+        cache = DynamicCache(config=model.config)
+        model(  # the prefill, once per prompt: every token but the last, which `generate` feeds itself
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=(attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),  # as `generate` counts them
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the cache is what is wanted: logits for every prompt token would be GBs
+        )
+        cache.batch_repeat_interleave(samples)
+        ids, mask = (t.repeat_interleave(samples, dim=0) for t in (input_ids, attention_mask))
+        full_softmax = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+        return model.generate(input_ids=ids, attention_mask=mask, cache=cache, **full_softmax, **decoding)
+
+    per_batch = max(1, batch_size // samples)
+    with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        shown = desc or "GSM8K samples"
+        return _batched(model, tokenizer, prompts, per_batch, samples, max_new_tokens, prefilled, shown, progress)
+
+
+def _batched(model, tokenizer, prompts, per_batch, copies, max_new_tokens, generate, desc, progress) -> list:
+    """`copies` completions of each chat prompt, in input order: `generate(input_ids=, attention_mask=, ...)` of
+    left-padded batches of `per_batch` prompts, with the KV cache and no repetition penalty, longest first (similar
+    lengths share a batch, and running out of memory happens at once, not at the end), in eval mode (then back);
+    the model calls depend only on len(prompts) and per_batch (ZeRO-3's forward and `generate` are collective)."""
     import torch
     from tqdm.auto import tqdm
 
     encoded = prompt_ids(tokenizer, prompts)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     stops, pad = stop_ids(model, tokenizer), pad_id(tokenizer)
-    results: list[Generation | None] = [None] * len(encoded)
+    # use_cache: the trainer turns config.use_cache off for training; generation wants it
+    decoding = dict(max_new_tokens=max_new_tokens, repetition_penalty=1.0, use_cache=True, eos_token_id=stops)
+    results: list[list[Generation] | None] = [None] * len(encoded)
     was_training = model.training
     model.eval()
     try:
         bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
         # not inference_mode: a buffer made here may meet autograd when training resumes
         with torch.no_grad(), bar, own_generation_config(model, stops, pad):
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
-                input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad)
-                output = model.generate(
-                    input_ids=input_ids.to(model.device),
-                    attention_mask=attention_mask.to(model.device),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    repetition_penalty=1.0,
-                    use_cache=True,  # the trainer turns config.use_cache off for training; generation wants it
-                    eos_token_id=stops,
-                    pad_token_id=pad,
-                )
-                for i, ids in zip(batch, output[:, input_ids.shape[1] :].tolist(), strict=True):
-                    results[i] = finished(ids, stops, tokenizer)
-                bar.update(len(batch))
-    finally:
-        model.train(was_training)
-    return results
-
-
-def generate_samples(
-    model,
-    tokenizer,
-    prompts: list[list[dict]],
-    samples: int,
-    temperature: float,
-    max_new_tokens: int,
-    batch_size: int,
-    seed: int,
-    desc: str = "GSM8K samples",
-    progress: bool = True,
-) -> list[list[Generation]]:
-    """`samples` sampled completions of each chat prompt (full softmax at `temperature`: no top-p or top-k), in
-    input order, from one encoding of each prompt: a batch of prompts is run through the model once (the prefill),
-    its KV cache repeated `samples` times, and every continuation sampled from it. `batch_size` counts completions;
-    a batch holds batch_size // samples prompts (at least one).
-
-    Seeded, without touching the random state training goes on with; the number of model calls depends only on
-    len(prompts), samples and batch_size (ZeRO-3's forward and `generate` are collective).
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import DynamicCache
-
-    encoded = prompt_ids(tokenizer, prompts)
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-    stops, pad = stop_ids(model, tokenizer), pad_id(tokenizer)
-    per_batch = max(1, batch_size // samples)
-    results: list[list[Generation] | None] = [None] * len(encoded)
-    was_training = model.training
-    model.eval()
-    devices = [model.device] if model.device.type == "cuda" else []
-    try:
-        bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
-        with torch.no_grad(), bar, torch.random.fork_rng(devices=devices), own_generation_config(model, stops, pad):
-            torch.manual_seed(seed)
             for start in range(0, len(order), per_batch):
                 batch = order[start : start + per_batch]
-                input_ids, attention_mask = left_pad([encoded[i] for i in batch], pad)
-                input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
-                cache = DynamicCache(config=model.config)
-                model(  # the prefill, once per prompt: every token but the last, which `generate` feeds itself
-                    input_ids=input_ids[:, :-1],
-                    attention_mask=attention_mask[:, :-1],
-                    position_ids=(attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0),  # as `generate` counts them
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,  # the cache is what is wanted: logits for every prompt token would be GBs
-                )
-                cache.batch_repeat_interleave(samples)
-                output = model.generate(
-                    input_ids=input_ids.repeat_interleave(samples, dim=0),
-                    attention_mask=attention_mask.repeat_interleave(samples, dim=0),
-                    cache=cache,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=1.0,
-                    top_k=0,
-                    repetition_penalty=1.0,
-                    use_cache=True,
-                    eos_token_id=stops,
-                    pad_token_id=pad,
-                )
+                input_ids, attention_mask = (t.to(model.device) for t in left_pad([encoded[i] for i in batch], pad))
+                output = generate(input_ids=input_ids, attention_mask=attention_mask, pad_token_id=pad, **decoding)
                 rows = output[:, input_ids.shape[1] :].tolist()
                 for j, i in enumerate(batch):
-                    results[i] = [finished(ids, stops, tokenizer) for ids in rows[j * samples : (j + 1) * samples]]
+                    results[i] = [finished(ids, stops, tokenizer) for ids in rows[j * copies : (j + 1) * copies]]
                 bar.update(len(batch))
     finally:
         model.train(was_training)
@@ -198,19 +138,9 @@ def finished(ids: list[int], stops: list[int], tokenizer) -> Generation:
     return Generation(tokenizer.decode(ids[:length], skip_special_tokens=True), length, end is None)
 
 
-def vllm_engine(
-    model_path: str,
-    *,
-    dtype: str = "auto",
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    gpu_memory_utilization: float = 0.9,
-    max_model_length: int | None = None,
-):
+def vllm_engine(model_path: str, max_model_length: int | None = None, **options):
     """One vLLM engine for every evaluation of a model (GPU, vllm installed): it reserves its share of the GPU's
-    memory once."""
-    from pathlib import Path
-
+    memory once. `options`: vLLM's `dtype`, `revision`, `trust_remote_code`, `gpu_memory_utilization`."""
     if (Path(model_path) / "adapter_config.json").is_file():
         raise ValueError(
             f"{model_path} holds a LoRA adapter, not a model: vLLM needs full weights. "
@@ -222,31 +152,14 @@ def vllm_engine(
         raise ImportError(
             "use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt (or evaluate without it)"
         ) from err
-    return LLM(
-        model=str(model_path),
-        tokenizer=str(model_path),
-        dtype=dtype,
-        revision=revision,
-        trust_remote_code=trust_remote_code,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_length,
-        seed=0,
-    )
+    return LLM(model=str(model_path), tokenizer=str(model_path), max_model_len=max_model_length, seed=0, **options)
 
 
 def generate_vllm(
-    llm,
-    tokenizer,
-    prompts: list[list[dict]],
-    max_new_tokens: int,
-    *,
-    samples: int = 0,
-    temperature: float = 1.0,
-    seed: int = 0,
+    llm, tokenizer, prompts: list[list[dict]], max_new_tokens: int, *, samples=0, temperature=1.0, seed=0
 ) -> tuple[list[Generation], list[list[Generation]] | None]:
     """Greedy completions from a vLLM engine, on the same token ids as `generate_greedy`, and with `samples` > 0
-    that many sampled ones per prompt (full softmax at `temperature`, seeded): one request with `n`, which vLLM
-    prefills once for all its samples."""
+    that many sampled ones per prompt (full softmax at `temperature`, seeded): one request with `n`, prefilled once."""
     from vllm import SamplingParams
 
     # vLLM stops at the end of sequence of the tokenizer it reads from the folder, and at the generation config's;
@@ -272,15 +185,8 @@ def sample(model, tokenizer, messages: list[dict], max_new_tokens: int, seed: in
 
     input_ids = torch.tensor(prompt_ids(tokenizer, [messages]), device=model.device)
     set_seed(seed)
+    asked = dict(do_sample=True, temperature=ASK_TEMPERATURE, top_p=ASK_TOP_P, max_new_tokens=max_new_tokens)
+    ends = dict(eos_token_id=stop_ids(model, tokenizer), pad_token_id=pad_id(tokenizer))
     with torch.inference_mode():
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=True,
-            temperature=ASK_TEMPERATURE,
-            top_p=ASK_TOP_P,
-            eos_token_id=stop_ids(model, tokenizer),
-            pad_token_id=pad_id(tokenizer),
-        )
+        output = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **asked, **ends)
     return tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)

@@ -1,10 +1,5 @@
-"""Numbers as people write them in math answers: exact parsing, with no regard for any answer format.
-
-The recipe's rewards and the evaluation both read answers through these functions, so a number counts the same
-in training and in measurement.
-"""
-
-from __future__ import annotations
+"""Numbers as people write them in math answers: exact parsing, with no regard for any answer format. The
+recipe's rewards and the evaluation both read answers through these functions: a number counts the same in both."""
 
 import re
 from decimal import Decimal
@@ -30,18 +25,12 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def answer_number(answer: str) -> Fraction | None:
-    """The one number an answer commits to, else None.
-
-    `\\boxed{...}` is looked into; currency signs, units and words around a single number are ignored
-    (`$1,080.00 in total.` is 1080). An answer with no number, with two different ones (`18 or 20`,
-    `3 * 6 = 18`), or longer than MAX_ANSWER_CHARS commits to nothing.
-    """
+    """The one number an answer commits to, else None: `\\boxed{...}` is looked into; currency signs, units and
+    words around a single number are ignored (`$1,080.00 in total.` is 1080). An answer with no number, with two
+    different ones (`18 or 20`, `3 * 6 = 18`), or longer than MAX_ANSWER_CHARS commits to nothing."""
     if len(answer) > MAX_ANSWER_CHARS:
         return None
-    boxed = BOXED_RE.findall(answer)
-    if boxed:
-        answer = boxed[-1]
-    answer = SIGN_BEFORE_CURRENCY_RE.sub("-", answer)  # `-$5` is -5
+    answer = SIGN_BEFORE_CURRENCY_RE.sub("-", (BOXED_RE.findall(answer) or [answer])[-1])  # `-$5` is -5
     numbers = {parse_number(n) for n in NUMBER_RE.findall(answer)}
     return numbers.pop() if len(numbers) == 1 else None
 
@@ -53,5 +42,4 @@ def is_gsm8k_integer(text: str) -> bool:
 
 def last_number(text: str) -> str | None:
     """The last number anywhere in `text`, as written (`1,080`, `-3`, `18.50`), else None."""
-    numbers = NUMBER_RE.findall(SIGN_BEFORE_CURRENCY_RE.sub("-", text))
-    return numbers[-1] if numbers else None
+    return (NUMBER_RE.findall(SIGN_BEFORE_CURRENCY_RE.sub("-", text)) or [None])[-1]

@@ -1,71 +1,83 @@
-"""The offline presets, chosen in one place: `--smoke` (a few steps of a tiny model) and `--demo` (GRPO that learns).
+"""The offline presets, as data: `--smoke` (a few steps of a tiny model) and `--demo` (GRPO that learns), their
+settings (between the recipe's constants and the user's YAML and command line), the folders they write, and
+building their assets (`prepare`) in the recipe's own answer format before anything reads them. Each preset's
+assets are its module's (`smoke`, `demo`): `MODEL_DIRS` (its tiny model of each kind, `smoke.TINY_MODELS`, chosen
+by `--tiny_model`), `DATA_DIR` (its generated problems) and `prepare`."""
 
-A preset is a module with `DEFAULTS` (settings that sit between the recipe's constants and the user's YAML and
-command line), `MODEL_DIRS` (where it writes its tiny model of each kind, `smoke.TINY_MODELS`) and `DATA_DIR` (its
-generated problems), unless the user points elsewhere, and `prepare`, which writes them in the recipe's own answer
-format. `--tiny_model` chooses the kind; the model folder, output folder and run name follow it (`defaults`).
-"""
+from grpo_kit import RecipeError, demo, runs, smoke
 
-from __future__ import annotations
+# What both presets set: nothing to report to, fp32 on a CPU, one micro-step per optimizer step, a short sample.
+OFFLINE = dict(report_to=["none"], bf16=False, gradient_accumulation_steps=1, num_completions_to_print=1)
+OFFLINE["activation_checkpointing"] = False  # nothing to save on a model this small
+SETTINGS = {
+    "smoke": dict(
+        OFFLINE,
+        dataset=smoke.DATA_DIR,
+        max_steps=4,
+        num_generations=4,
+        per_device_train_batch_size=8,  # two prompts x four generations per step
+        max_completion_length=48,
+        save_steps=2,
+        eval_every_steps=2,
+        eval_subset=8,
+    ),
+    "demo": dict(
+        OFFLINE,
+        dataset=demo.DATA_DIR,
+        learning_rate=3e-4,  # a tiny model fresh from a warm start: 5e-6 would take thousands of steps
+        max_steps=40,
+        num_generations=8,
+        per_device_train_batch_size=64,  # 8 prompts x 8 generations per step
+        max_completion_length=80,  # the longest solution (99 + 9, counting on) is 74 tokens with its end of turn
+        save_steps=20,
+        eval_every_steps=5,  # accuracy on eval_subset held-out problems every 5 steps, for the curves
+        eval_subset=64,
+    ),
+}
+ASSETS = {"smoke": smoke, "demo": demo}
 
-import sys
-from types import ModuleType
 
-from grpo_kit import demo, folders, smoke
-
-PRESETS: dict[str, ModuleType] = {"smoke": smoke, "demo": demo}
-
-
-def chosen(values: dict) -> ModuleType | None:
+def chosen(values: dict) -> str | None:
     """The preset the settings ask for (a flag of that name set true), None for a real run."""
-    names = [name for name in PRESETS if values.get(name)]
+    names = [name for name in SETTINGS if values.get(name)]
     if len(names) > 1:
-        sys.exit(f"--{' and --'.join(names)} are presets of their own: choose one")
-    return PRESETS[names[0]] if names else None
+        raise RecipeError(f"--{' and --'.join(names)} are presets of their own: choose one")
+    return names[0] if names else None
 
 
-def defaults(preset: ModuleType, tiny_model) -> dict:
+def defaults(preset: str, tiny_model: str | None = None) -> dict:
     """The preset's settings with its tiny model of kind `tiny_model`: that model's folder, and an output folder and
     run name that name the kind unless it is the default one (`outputs/demo-GRPO`, `outputs/demo-llama3-GRPO`), so
     that a run of one kind never clears the other's."""
     kinds = smoke.TINY_MODELS
     kind = tiny_model if tiny_model in kinds else kinds[0]  # another value is refused by the parser, with the choices
-    name = name_of(preset) + ("" if kind == kinds[0] else f"-{kind}")
+    name = preset + ("" if kind == kinds[0] else f"-{kind}")
     own = {"output_dir": f"outputs/{name}-GRPO", "run_name": f"{name}-GRPO-generated"}
-    return {**preset.DEFAULTS, "model_name_or_path": preset.MODEL_DIRS[kind], **own}
+    return {**SETTINGS[preset], "model_name_or_path": ASSETS[preset].MODEL_DIRS[kind], **own}
 
 
-def writes(preset: ModuleType | None, key: str, value) -> bool:
-    """Whether `value` of setting `key` (model_name_or_path, dataset, output_dir) is one the preset writes itself,
-    for a tiny model of any kind."""
-    if preset is None:
-        return False
-    return any(value == defaults(preset, kind).get(key) for kind in smoke.TINY_MODELS)
+def owned(preset: str | None) -> dict[str, list]:
+    """{setting: the values of it that the preset writes itself, for a tiny model of any kind} (model_name_or_path,
+    dataset, output_dir): paths that need not exist before the preset's run."""
+    settings = [defaults(preset, kind) for kind in smoke.TINY_MODELS if preset]  # none for a real run
+    return {key: [d[key] for d in settings] for key in ("model_name_or_path", "dataset", "output_dir")}
 
 
 def prepare(run, training_args, model_args, answer_format) -> None:
-    """Build the chosen preset's tiny model and problems before anything reads them, and clear its own output
-    folder for a new training run (`folders.clear_preset_folder`: only what a run of the preset wrote). Under
-    `accelerate launch` every process gets here: the first writes, the others wait, then all read.
-
-    A preset's model is tiny: torch gets one thread for the rest of the process. A second gains little on such
-    matrices, and where the cores are busy with other work, threads waiting on each other made sampling 15-40x
-    slower (measured on 2 shared cores).
-    """
+    """Build the chosen preset's tiny model and problems before anything reads them, and clear its own output folder for
+    a new training run (`runs.clear_preset_folder`: only what a run of the preset wrote). Under `accelerate launch`
+    every process gets here: the first writes, the others wait, then all read. A preset's model is tiny: torch gets one
+    thread for the rest of the process. A second gains little on such matrices, and where the cores are busy with other
+    work, threads waiting on each other made sampling 15-40x slower (measured on 2 shared cores)."""
     import torch
 
-    preset = chosen(vars(run))
-    if preset is None:
+    if (preset := chosen(vars(run))) is None:
         return
     torch.set_num_threads(1)
     fresh = not (run.eval_only or run.ask or training_args.resume_from_checkpoint)  # a new training run
     with training_args.main_process_first(local=False, desc="preset assets"):
         if training_args.process_index == 0:
-            if fresh and writes(preset, "output_dir", training_args.output_dir):
-                folders.clear_preset_folder(training_args.output_dir, name_of(preset))
-            seed = getattr(preset, "ASSETS_SEED", training_args.seed)  # the demo's start model: one for every seed
-            preset.prepare(answer_format, model_args.model_name_or_path, run.dataset, seed)
-
-
-def name_of(preset: ModuleType) -> str:
-    return next(name for name, module in PRESETS.items() if module is preset)
+            if fresh and training_args.output_dir in owned(preset)["output_dir"]:
+                runs.clear_preset_folder(training_args.output_dir, preset)
+            seed = getattr(ASSETS[preset], "ASSETS_SEED", training_args.seed)  # the demo's start model: one for all
+            ASSETS[preset].prepare(answer_format, model_args.model_name_or_path, run.dataset, seed)

@@ -1,19 +1,17 @@
 """Where evaluations are written and how they read: `<output_dir>/eval/<name>/` and the printed tables."""
 
-from __future__ import annotations
-
 import json
 import logging
 from pathlib import Path
 
-from grpo_kit import stats
-from grpo_kit.folders import read_json
+from grpo_kit.runs import read_json, read_run_record
+from grpo_kit.scoring import paired
 
 logger = logging.getLogger("grpo_demo")
 
 SUMMARY, COMPLETIONS, COMPARISON = "summary.json", "completions.jsonl", "comparison.json"
-# Rows of the printed tables: (summary key, label, shown as a percentage).
-TABLE_ROWS = (
+MCNEMAR = "exact McNemar (two-sided binomial on the questions that changed)"
+TABLE_ROWS = (  # the printed tables' rows: (summary key, label, shown as a percentage)
     ("accuracy_strict", "accuracy, strict (answer block)", True),
     ("accuracy_lenient", "accuracy, lenient (last number)", True),
     ("format_rate", "strict format", True),
@@ -21,6 +19,7 @@ TABLE_ROWS = (
     ("mean_completion_tokens", "mean completion tokens", False),
     ("truncated", "truncated (hit max_new_tokens)", False),
 )
+INTERVALS = {"accuracy_strict": "interval_strict", "accuracy_lenient": "interval_lenient"}
 
 
 def eval_dir(output_dir: str | Path, name: str | None = None) -> Path:
@@ -33,46 +32,34 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
-# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's);
-# `sampling` holds the samples' terms: samples, temperature, seed.
+# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's).
 TERMS = ("model", "questions_sha256", "max_new_tokens", "protocol", "protocol_details", "sampling")
 SAMPLING_TERMS = ("samples", "temperature", "seed")
-# The accuracy rows' labels where a protocol reads answers otherwise than the recipe's.
-ACCURACY_LABELS = {
+ACCURACY_LABELS = {  # the accuracy rows' labels where a protocol reads answers otherwise than the recipe's
     "kshot": {"accuracy_strict": "accuracy, strict (#### N)", "accuracy_lenient": "accuracy, flexible (last number)"},
     "chat": {"accuracy_strict": "accuracy, strict (\\boxed{})", "accuracy_lenient": "accuracy, boxed else last number"},
 }
 
 
 def eval_name(base: str, protocol: str = "recipe") -> str:
-    """The folder an evaluation of `protocol` is written to: `baseline`, `final` for the recipe's; `baseline-kshot`,
-    `final-chat`... for the others."""
+    """The folder an evaluation in `protocol` is written to: `baseline`, `final` (the recipe's), `final-chat`..."""
     return base if protocol == "recipe" else f"{base}-{protocol}"
-
-
-def comparison_file(protocol: str = "recipe") -> str:
-    return COMPARISON if protocol == "recipe" else f"comparison-{protocol}.json"
 
 
 def _term(summary: dict, key: str):
     if key == "protocol":
         return summary.get(key, "recipe")
-    if key == "sampling":
-        return sampling_terms(summary.get("sampling"))
+    if key == "sampling":  # what makes two sets of samples alike
+        return {k: sampling.get(k) for k in SAMPLING_TERMS} if (sampling := summary.get(key)) else None
     return summary.get(key)
 
 
-def sampling_terms(sampling: dict | None) -> dict | None:
-    """What makes two sets of samples alike (a summary's `sampling`, or the settings of one), None for none."""
-    return {key: sampling.get(key) for key in SAMPLING_TERMS} if sampling else None
-
-
 def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
-    """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (model, questions,
-    length): a new measurement never replaces a different one."""
+    """`name`, or `name-2`, `name-3`... when an evaluation of that name exists on other `terms` (TERMS of the
+    summary to come: model, questions, length...): a new measurement never replaces a different one."""
     candidate, number = name, 1
     while (old := read_summary(output_dir, candidate)) is not None and any(
-        _term(old, k) != (sampling_terms(terms[k]) if k == "sampling" else terms[k]) for k in TERMS
+        _term(old, k) != _term(terms, k) for k in TERMS
     ):
         number += 1
         candidate = f"{name}-{number}"
@@ -83,8 +70,6 @@ def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
 
 def start_model_of(run_dir: str | Path) -> str | None:
     """The model a training run in `run_dir` started from, as its run record says (None without one)."""
-    from grpo_kit.record import read_run_record
-
     return ((read_run_record(run_dir) or {}).get("settings") or {}).get("model", {}).get("model_name_or_path")
 
 
@@ -104,7 +89,7 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
     return None
 
 
-def _cell(value, percent: bool, change: bool = False, interval=None) -> str:
+def _cell(value, percent: bool, interval=None, change: bool = False) -> str:
     """A table cell: a rate as a percentage (a change of one in points) with its 95 % interval where given, a count
     as is, a mean to one decimal; "-" where not measured."""
     if value is None:
@@ -116,23 +101,19 @@ def _cell(value, percent: bool, change: bool = False, interval=None) -> str:
     return f"{value:{sign}.1f}" if isinstance(value, float) else f"{value:{sign}d}"
 
 
-def _rows(summary: dict) -> list[tuple[str, str, object, bool, list | None]]:
-    """(key, label, value, as a percentage, interval) of each table row a summary has: the greedy rates and counts,
-    then pass@k and maj@k where samples were drawn."""
+def _rows(summary: dict) -> dict[str, tuple[str, object, bool, list | None]]:
+    """{key: (label, value, as %, interval)} of a summary's rows: greedy rates and counts, then pass@k and maj@k."""
     labels = ACCURACY_LABELS.get(_term(summary, "protocol"), {})
-    rows = [
-        (key, labels.get(key, label), summary.get(key), pct, summary.get(INTERVALS.get(key, "")))
+    rows = {
+        key: (labels.get(key, label), summary.get(key), pct, summary.get(INTERVALS.get(key, "")))
         for key, label, pct in TABLE_ROWS
-    ]
+    }
     sampling = summary.get("sampling") or {}
     for verdict in ("strict", "lenient"):
         for metric, value in (sampling.get(verdict) or {}).items():
             label = f"{metric}, {verdict} ({sampling['samples']} samples, T {sampling['temperature']})"
-            rows.append((f"{verdict}/{metric}", label, value["value"], True, value["interval"]))
-    return [row for row in rows if row[2] is not None]
-
-
-INTERVALS = {"accuracy_strict": "interval_strict", "accuracy_lenient": "interval_lenient"}
+            rows[f"{verdict}/{metric}"] = (label, value["value"], True, value["interval"])
+    return {key: row for key, row in rows.items() if row[1] is not None}
 
 
 def write_report(output_dir: str | Path, name: str, summary: dict, records: list[dict]) -> Path:
@@ -140,17 +121,15 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     folder = eval_dir(output_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    with (folder / COMPLETIONS).open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    protocol = summary.get("protocol", "recipe")
-    protocol += (
-        " protocol, validation split (held out of train)" if summary.get("split") == "validation" else " protocol"
-    )
+    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    (folder / COMPLETIONS).write_text("".join(lines), encoding="utf-8")
+    protocol = _term(summary, "protocol") + " protocol"
+    protocol += ", validation split (held out of train)" if summary.get("split") == "validation" else ""
     lines = [
         f"GSM8K {name}: {summary['model']}, {protocol}, {summary['n']} questions, {summary['seconds']} s",
         "| metric | value [95 % interval] |",
         "| --- | --- |",
-        *(f"| {label} | {_cell(value, pct, interval=iv)} |" for _, label, value, pct, iv in _rows(summary)),
+        *(f"| {label} | {_cell(*cells)} |" for label, *cells in _rows(summary).values()),
     ]
     print("\n".join(lines), flush=True)
     logger.info("Evaluation written to %s", folder)
@@ -159,50 +138,33 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
 
 def read_records(output_dir: str | Path, name: str) -> list[dict]:
     path = eval_dir(output_dir, name) / COMPLETIONS
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
+    return [json.loads(line) for line in lines if line.strip()]
 
 
-def paired_changes(old_records: list[dict], new_records: list[dict]) -> dict:
+def paired_changes(old: list[dict], new: list[dict]) -> dict:
     """Per verdict (strict, lenient): the questions that flipped each way and the exact McNemar test (counts,
     p-value, verdict); and, for the strict verdict, each flipped question with both completions."""
     out = {}
     for verdict in ("strict", "lenient"):
-        key = f"correct_{verdict}"
-        result = stats.paired([r[key] for r in old_records], [r[key] for r in new_records])
-        out[verdict] = {
-            "gained": len(result["gained"]),
-            "lost": len(result["lost"]),
-            "p_value": result["p_value"],
-            "verdict": result["verdict"],
-            "test": "exact McNemar (two-sided binomial on the questions that changed)",
-        }
+        result = paired([r[f"correct_{verdict}"] for r in old], [r[f"correct_{verdict}"] for r in new])
+        counts = {way: len(result[way]) for way in ("gained", "lost")}
+        out[verdict] = {**counts, "p_value": result["p_value"], "verdict": result["verdict"], "test": MCNEMAR}
         if verdict == "strict":
-            out["flipped"] = {
-                way: [
-                    {
-                        "question": new_records[i]["question"],
-                        "gold": new_records[i]["gold"],
-                        "before": old_records[i]["completion"],
-                        "after": new_records[i]["completion"],
-                    }
-                    for i in result[way]
-                ]
-                for way in ("gained", "lost")
-            }
+            out["flipped"] = {way: [_flipped(old[i], new[i]) for i in result[way]] for way in ("gained", "lost")}
     return out
 
 
+def _flipped(old: dict, new: dict) -> dict:
+    return {"question": new["question"], "gold": new["gold"], "before": old["completion"], "after": new["completion"]}
+
+
 def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
-    """`eval/comparison.json` (`comparison-<protocol>.json` for the others) in `output_dir`: the baseline and final
-    summaries of `protocol` side by side with their changes, the paired test per verdict and the questions that
-    flipped, and a printed table; None (nothing written, and an older comparison removed) unless both evaluations
-    exist and measured comparable things: the start model of the trained one, the same questions, length and
-    protocol."""
+    """`eval/comparison.json` (`comparison-<protocol>.json` for the others): the baseline and final summaries of
+    `protocol` side by side with their changes, the paired test per verdict and the questions that flipped, and a
+    printed table; None (and an older comparison removed) unless both exist and are comparable."""
     before, after = eval_name("baseline", protocol), eval_name("final", protocol)
-    path = eval_dir(output_dir) / comparison_file(protocol)
+    path = eval_dir(output_dir) / (COMPARISON if protocol == "recipe" else f"comparison-{protocol}.json")
     old, new = read_summary(output_dir, before), read_summary(output_dir, after)
     if old is None or new is None:
         return None
@@ -214,19 +176,14 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
         logger.warning("No comparison of %s and %s in %s: %s", before, after, eval_dir(output_dir), reason)
         path.unlink(missing_ok=True)  # an older one would no longer be true
         return None
-    old_rows = {key: (label, value, pct, iv) for key, label, value, pct, iv in _rows(old)}
-    if _term(old, "sampling") != _term(new, "sampling"):  # pass@k of other samples is another quantity
-        if _term(old, "sampling") and _term(new, "sampling"):
-            logger.warning(
-                "%s and %s drew other samples (%s vs %s): their pass@k and maj@k are not compared",
-                before,
-                after,
-                _term(old, "sampling"),
-                _term(new, "sampling"),
-            )
+    old_rows, new_rows = _rows(old), _rows(new)
+    drawn = _term(old, "sampling"), _term(new, "sampling")
+    if drawn[0] != drawn[1]:  # pass@k of other samples is another quantity
+        if all(drawn):
+            message = "%s and %s drew other samples (%s vs %s): their pass@k and maj@k are not compared"
+            logger.warning(message, before, after, *drawn)
         old_rows = {key: row for key, row in old_rows.items() if "@" not in key}
-    new_rows = {key: (value, iv) for key, _, value, _, iv in _rows(new)}
-    changes = {key: new_rows[key][0] - row[1] for key, row in old_rows.items() if key in new_rows}
+    changes = {key: new_rows[key][1] - row[1] for key, row in old_rows.items() if key in new_rows}
     paired = paired_changes(old_records, new_records)
     comparison = {before: old, after: new, "change": changes, "paired": paired}
     path.write_text(json.dumps(comparison, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -235,9 +192,8 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
         f"| metric | {before} [95 % interval] | {after} | change |",
         "| --- | --- | --- | --- |",
         *(
-            f"| {label} | {_cell(value, pct, interval=iv)} | {_cell(new_rows[key][0], pct, interval=new_rows[key][1])}"
-            f" | {_cell(changes[key], pct, True)} |"
-            for key, (label, value, pct, iv) in old_rows.items()
+            f"| {label} | {_cell(*cells)} | {_cell(*new_rows[key][1:])} | {_cell(changes[key], cells[1], None, True)} |"
+            for key, (label, *cells) in old_rows.items()
             if key in changes
         ),
         *(

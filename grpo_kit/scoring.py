@@ -1,41 +1,104 @@
-"""The verdicts on one completion and the rates over many: what an accuracy number is made of.
+"""How an answer is read and counted: the evaluation protocols, the verdicts on one completion, the rates over many
+with their 95 % intervals, pass@k and maj@k, and the paired test of a change.
 
-Two verdicts per question, as others report them; under the recipe's protocol:
-- strict: the number the last answer block commits to equals the gold answer (what the recipe's correctness
-  reward pays for);
-- lenient: the last number anywhere in the completion equals the gold answer (format ignored).
-Other protocols read their own forms (`grpo_kit.protocols`: `#### N`, `\\boxed{}`). Numbers are read with
-`grpo_kit.numbers`, and the answer block and format checks are the recipe's own (its `AnswerFormat`), so a
-completion scores here as it is rewarded in training. Every rate carries its 95 % interval (`grpo_kit.stats`);
-with several samples per question, pass@k and maj@k (`summarize_samples`).
-"""
+Protocols (how a question is put; strict, lenient: where the answer is read): `recipe`, the recipe's system prompt;
+the number in its answer block (what the correctness reward pays), the last number. `kshot`, `shots` worked train
+solutions (a fixed draw, never a test question, the same for every question and run) as earlier chat turns; the
+number after `####`, the last number: lm-evaluation-harness's gsm8k readings, not its prompt (numbers compare between
+runs of this recipe, not with lm-eval's). `chat`, the question alone; the last `\\boxed{}`, that where it holds a
+number, else the last number. kshot and chat send no system message (a template's default one is added, as for any
+user). Numbers are read with `grpo_kit.numbers` and the format checks are the recipe's own, so a completion scores
+here as it is rewarded.
 
-from __future__ import annotations
+Statistics: `wilson` is the Wilson score interval (Newcombe 1998, method 3: inside [0, 1], honest at 0 % and at
+small n); pass@k is the unbiased estimator of Chen et al. (2021), its interval Wilson's of the mean (conservative)."""
 
-from grpo_kit.numbers import answer_number, parse_number
-from grpo_kit.stats import ks_for, majority, mean_interval, pass_at_k, wilson
+import hashlib
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from grpo_kit.numbers import answer_number, last_number, parse_number
+
+PROTOCOLS = ("recipe", "kshot", "chat")
+HASH_ANSWER_RE = re.compile(r"####[ \t]*([^\n]*)")
+BOXED = "\\boxed{"
+Z95 = 1.959963984540054  # the standard normal's 97.5th percentile: two-sided 95 %
+ALPHA = 0.05  # a change is called larger than chance when the paired test's p-value is below this
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    prompt: Callable[[str], list[dict]]  # question -> the messages the model answers
+    strict: Callable[[str], str | None]  # completion -> the answer it commits to in this protocol's form
+    lenient: Callable[[str], str | None]  # completion -> the answer read more leniently (the last number...)
+    judges_format: bool  # whether the recipe's format checks mean anything here
+    details: dict = field(default_factory=dict)  # what the summary records of it (shots, seed, exemplars)
+
+
+def hash_answer(completion: str) -> str | None:
+    """The rest of the line after the first `####` (`18`, `$1,080.00`, `**18**`), None without one."""
+    match = HASH_ANSWER_RE.search(completion)
+    return match[1].strip() or None if match else None
+
+
+def boxed(completion: str) -> str | None:
+    """The content of the last `\\boxed{...}` (braces inside balanced), None without a closed one."""
+    if (start := completion.rfind(BOXED)) < 0:
+        return None
+    depth, i = 1, start + len(BOXED)
+    for j in range(i, len(completion)):
+        depth += {"{": 1, "}": -1}.get(completion[j], 0)
+        if depth == 0:
+            return completion[i:j].strip()
+    return None
+
+
+def boxed_or_last_number(completion: str) -> str | None:
+    box = boxed(completion)
+    return box if box is not None and answer_number(box) is not None else last_number(completion)
+
+
+def _asked(question: str) -> list[dict]:
+    return [{"role": "user", "content": question}]
+
+
+def build_protocol(name: str, answer_format, *, train_rows=None, test_questions=(), shots: int = 8, seed: int = 0):
+    if name == "recipe":
+        strict = lambda c: answer_format.extract_answer(c) or None  # noqa: E731
+        return Protocol("recipe", answer_format.chat_prompt, strict, last_number, True)
+    if name == "chat":
+        return Protocol("chat", _asked, boxed, boxed_or_last_number, False)
+    if name == "kshot":
+        excluded = set(test_questions)
+        pool = [row for row in train_rows or [] if row.get("solution") and row["question"] not in excluded]
+        if len(pool) < shots:
+            raise ValueError(f"k-shot needs {shots} train rows with solutions, and there are {len(pool)}")
+        shown = random.Random(seed).sample(pool, shots)  # `shots` worked solutions, the same draw for a seed
+        turns = [
+            m for row in shown for m in (*_asked(row["question"]), {"role": "assistant", "content": row["solution"]})
+        ]
+        digest = hashlib.sha256("\n".join(row["question"] for row in shown).encode()).hexdigest()[:16]
+        details = {"shots": shots, "seed": seed, "exemplars_sha256": digest}
+        return Protocol("kshot", lambda q: [*turns, *_asked(q)], hash_answer, last_number, False, details)
+    raise ValueError(f"no evaluation protocol {name!r}: one of {', '.join(PROTOCOLS)}")
 
 
 def score(completion: str, gold: str, answer_format, protocol=None) -> dict:
-    """The extracted answers and verdicts of one completion against a canonical gold answer (`1080`).
-
-    `protocol` (`grpo_kit.protocols`, default: the recipe's) says where the answer is read: `answer_strict` is what
-    the completion commits to in the protocol's form (the recipe's answer block, `#### N`, `\\boxed{}`), None
-    without it; `answer_lenient` the lenient reading (the last number). `format_strict` / `format_soft` are the
-    recipe's format checks, None under a protocol that does not ask for the format.
-    """
-    if protocol is None:
-        from grpo_kit.protocols import build
-
-        protocol = build("recipe", answer_format)
-    gold_number = parse_number(gold)
+    """The answers one completion commits to under `protocol` (default: the recipe's) and whether each equals the
+    gold answer (`1080`); the recipe's format checks, None under a protocol that does not ask for the format."""
+    protocol = protocol or build_protocol("recipe", answer_format)
+    gold = parse_number(gold)  # no answer equals an unparsable gold (the recipe drops those rows)
     strict, lenient = protocol.strict(completion), protocol.lenient(completion)
-    gradable = gold_number is not None  # no answer equals an unparsable gold (the recipe drops those rows)
     return {
         "answer_strict": strict,
         "answer_lenient": lenient,
-        "correct_strict": gradable and strict is not None and answer_number(strict) == gold_number,
-        "correct_lenient": gradable and lenient is not None and answer_number(lenient) == gold_number,
+        "correct_strict": gold is not None and strict is not None and answer_number(strict) == gold,
+        "correct_lenient": gold is not None and lenient is not None and answer_number(lenient) == gold,
         "format_strict": answer_format.is_strict_format(completion) if protocol.judges_format else None,
         "format_soft": answer_format.is_soft_format(completion) if protocol.judges_format else None,
     }
@@ -64,27 +127,74 @@ def summarize(records: list[dict]) -> dict:
 
 
 def summarize_samples(records: list[dict], samples: int, temperature: float) -> dict:
-    """pass@k (unbiased, from all `samples` of a question) and maj@k (the majority of the first k samples' numbers,
-    a tie going to the one sampled first) for k = 1, 2, 4, ... `samples`, strict and lenient, each with its 95 %
-    interval; records carry `samples`, a list of scored samples."""
+    """pass@k (unbiased, from all `samples` of a question) and maj@k (the majority of the first k samples' numbers)
+    for k = 1, 2, 4, ... `samples`, strict and lenient, each with its 95 % interval; records carry `samples`."""
     out = {"samples": samples, "temperature": temperature}
     for verdict in ("strict", "lenient"):
-        metrics = {}
+        out[verdict] = {}
         for k in ks_for(samples):
             passed = [pass_at_k(samples, sum(s[f"correct_{verdict}"] for s in r["samples"]), k) for r in records]
-            metrics[f"pass@{k}"] = {"value": _mean(passed), "interval": list(mean_interval(passed))}
             voted = [_voted(r, verdict, k) for r in records]
-            metrics[f"maj@{k}"] = {"value": _mean(voted), "interval": list(wilson(sum(voted), len(voted)))}
-        out[verdict] = metrics
+            for metric, values in ((f"pass@{k}", passed), (f"maj@{k}", voted)):
+                mean = sum(values) / len(values) if values else 0.0
+                out[verdict][metric] = {"value": mean, "interval": list(wilson(sum(values), len(values)))}
     return out
-
-
-def _mean(values) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 def _voted(record: dict, verdict: str, k: int) -> bool:
     """Whether the majority of the first k samples' numbers is the gold answer."""
-    numbers = [answer_number(s[f"answer_{verdict}"]) if s[f"answer_{verdict}"] else None for s in record["samples"][:k]]
+    numbers = [answer_number(a) if (a := s[f"answer_{verdict}"]) else None for s in record["samples"][:k]]
     gold = parse_number(record["gold"])
     return gold is not None and majority(numbers) == gold
+
+
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of successes / n (a sum of values in [0, 1] for a mean); (0.0, 1.0) when n is 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = min(1.0, max(0.0, successes / n))  # a mean of floats may stray past 1 by a rounding error
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(max(0.0, centre - half), 12), round(min(1.0, centre + half), 12)  # no 7e-18 for a bound of 0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k samples drawn without replacement from n (c of them correct) is correct."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n (n={n}, c={c}, k={k})")
+    return 1.0 if n - c < k else 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def ks_for(n: int) -> list[int]:
+    """The k reported for n samples: 1, 2, 4, ... up to n, and n itself."""
+    return sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n}) if n > 0 else []
+
+
+def majority(answers: list) -> object | None:
+    """The answer most of `answers` commit to (None does not vote); a tie goes to the tied answer that comes first."""
+    votes = Counter(a for a in answers if a is not None)
+    top = max(votes.values(), default=0)
+    return next((a for a in answers if a is not None and votes[a] == top), None)
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided p-value of the exact McNemar test: `gained` questions wrong before and right after, `lost` the
+    reverse (X ~ Binomial(gained + lost, 1/2)); 1.0 when none changed."""
+    changed = gained + lost  # none: 2 x P(X <= 0) = 2, so 1.0
+    return min(1.0, 2 * sum(math.comb(changed, i) for i in range(min(gained, lost) + 1)) / 2**changed)
+
+
+def paired(before: list[bool], after: list[bool]) -> dict:
+    """Two verdict lists over the same questions: which flipped each way, the exact McNemar p-value, a verdict."""
+    if len(before) != len(after):
+        raise ValueError(f"paired verdicts need the same questions ({len(before)} vs {len(after)})")
+    gained = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a and not b]
+    lost = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if b and not a]
+    p = mcnemar_exact(len(gained), len(lost))
+    if not gained and not lost:
+        verdict = "no question changed"
+    elif p < ALPHA:
+        verdict = f"{'a rise' if len(gained) > len(lost) else 'a fall'} larger than chance (p < {ALPHA})"
+    else:
+        verdict = f"within chance (p >= {ALPHA})"
+    return {"gained": gained, "lost": lost, "p_value": p, "verdict": verdict}

@@ -2,30 +2,15 @@
 
     pip install optuna==5.0.0                           # optional: only the search needs it
     python -m grpo_kit.search --trials 20               # CPU: searches the demo preset; a GPU box: the real recipe
-    python -m grpo_kit.search --trials 20 --learning_rate 1e-4 1e-3 --temperature 0.7 1.2 -- --demo
     python -m grpo_kit.search --trials 40 -- --config configs/qwen_lora_vllm.yaml --max_steps 200
     python grpo_demo.py --config outputs/search/reward-weights/best.yaml    # the best settings, measured on test
 
-Each trial runs `python grpo_demo.py <recipe settings> --reward_weights w1 .. w5 [--learning_rate x]
-[--temperature t] --validation_rows N --eval_split validation --output_dir <folder>/trial-NNNN` in a subprocess
-(recipe settings are what follows `--`; none: `--demo` on a machine without CUDA, the recipe's own defaults with
-it; in-training evaluations off unless they turn them on). Its objective is the trained model's strict accuracy
-on the N train rows the run held out, a fixed draw that no trial trains on: the test split is never read. The
-first trial of a new study runs the recipe's weights (all 1), so every study holds the default to compare with, on
-the same seed and rows.
-
-The study lives in an Optuna storage (SQLite in the folder by default; `--storage` takes any database URL Optuna
-accepts): run the same command again to go on where it stopped, or on several processes or machines at once to
-share it. `--trials N` is how many finished trials the study should hold. A trial whose run fails is recorded as
-failed, with the end of its log, and the study goes on; a trial whose worker died (killed, Ctrl-C, a machine gone:
-its process is gone, or on another machine its heartbeat stopped) is marked failed and run again with the same
-settings. Each trial keeps its run folder (settings in its run_record.json), its log and `trial-NNNN.json`. After
-every trial the best so far is written as `best.yaml`, a settings file `--config` takes.
-"""
-
-from __future__ import annotations
+Each trial runs the recipe (the settings after `--`) in a subprocess, scored on the train rows it holds out; the
+study lives in an Optuna storage, which the same command continues or several workers share (README.md,
+"Searching the reward weights")."""
 
 import argparse
+import ctypes
 import json
 import os
 import shlex
@@ -33,63 +18,47 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
+import warnings
+from contextlib import nullcontext, suppress
 from datetime import datetime
 from pathlib import Path
 
 import yaml
 
-from grpo_kit import settings
-from grpo_kit.folders import _alive, _started, read_json
+from grpo_kit import RecipeError, settings
+from grpo_kit.runs import alive, read_json, started_at
 
 OPTUNA_PIN = "optuna==5.0.0"
 WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learning_rate, temperature
 FINISHED_ATTR = "returncode"  # set on every trial whose run ended (well or not): the others were interrupted
 
 
-def require_optuna():
-    try:
-        import optuna
-    except ImportError:
-        sys.exit(
-            f"The reward-weight search needs Optuna, an optional dependency of this recipe: pip install {OPTUNA_PIN} "
-            "(or pip install -r requirements-dev.txt). Training, evaluation and the presets work without it."
-        )
-    return optuna
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
-    separated = "--" in argv
-    recipe_args = argv[argv.index("--") + 1 :] if separated else []
-    argv = argv[: argv.index("--")] if separated else argv
+    argv, recipe_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
     parser = argparse.ArgumentParser(
         prog="python -m grpo_kit.search",
         description="Search the recipe's reward weights with Optuna; recipe settings for every trial after --.",
     )
-    parser.add_argument("--study", default="reward-weights", help="the study's name in the storage")
-    parser.add_argument("--trials", type=int, required=True, help="finished trials the study should hold")
-    parser.add_argument("--folder", type=Path, help="trial folders, logs, best.yaml; default outputs/search/<study>")
-    parser.add_argument("--storage", help="an Optuna database URL; default sqlite:///<folder>/study.db")
-    parser.add_argument(
-        "--weights", nargs=2, type=float, default=[0.0, 2.0], metavar=("LOW", "HIGH"), help="each weight's range"
-    )
-    parser.add_argument("--learning_rate", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it (log scale)")
-    parser.add_argument("--temperature", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it too")
-    parser.add_argument(
-        "--validation_rows", type=int, help="train rows held out to score trials; 256 on --demo, else 500"
-    )
-    parser.add_argument("--recipe", type=Path, default=Path("grpo_demo.py"), help="the recipe file each trial runs")
-    parser.add_argument("--sampler_seed", type=int, help="the sampler's seed (give each worker its own)")
-    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats")
+    add = parser.add_argument
+    add("--study", default="reward-weights", help="the study's name in the storage")
+    add("--trials", type=int, required=True, help="finished trials the study should hold")
+    add("--folder", type=Path, help="trial folders, logs, best.yaml; default outputs/search/<study>")
+    add("--storage", help="an Optuna database URL; default sqlite:///<folder>/study.db")
+    add("--weights", nargs=2, type=float, default=[0.0, 2.0], metavar=("LOW", "HIGH"), help="each weight's range")
+    add("--learning_rate", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it (log scale)")
+    add("--temperature", nargs=2, type=float, metavar=("LOW", "HIGH"), help="search it too")
+    add("--validation_rows", type=int, help="train rows held out to score trials; 256 on --demo, else 500")
+    add("--recipe", type=Path, default=Path("grpo_demo.py"), help="the recipe file each trial runs")
+    add("--sampler_seed", type=int, help="the sampler's seed (give each worker its own)")
+    add("--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats")
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials: at least 1")
     if not args.recipe.is_file():
         parser.error(f"--recipe {args.recipe}: no such file")
-    if not separated:
+    if recipe_args is None:
         import torch
 
         recipe_args = [] if torch.cuda.is_available() else ["--demo"]  # on a CPU, the demo: minutes, not days
@@ -107,83 +76,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def reward_names(recipe: Path) -> list[str]:
     """The names of the recipe's rewards, in order, read by importing it in a child process (importing the recipe
     is free of side effects; this package never imports it itself)."""
-    code = (
-        "import importlib.util, json, sys\n"
-        "spec = importlib.util.spec_from_file_location('recipe', sys.argv[1])\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        "print(json.dumps([func.__name__ for func in module.REWARD_FUNCS]))\n"
-    )
+    code = "import json, runpy, sys\nfuncs = runpy.run_path(sys.argv[1], run_name='recipe')['REWARD_FUNCS']\n"
+    code += "print(json.dumps([func.__name__ for func in funcs]))\n"
     path = os.pathsep.join(filter(None, [str(recipe.resolve().parent), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(recipe)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", code, str(recipe)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        sys.exit(f"Could not read the rewards of {recipe} (its REWARD_FUNCS):\n{done.stderr[-2000:]}")
+        raise RecipeError(f"Could not read the rewards of {recipe} (its REWARD_FUNCS):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@contextmanager
-def creating(storage_url: str):
-    """Held while a worker creates or opens the study: workers started together on one new SQLite file would
-    otherwise create its tables at the same moment (and one fail). Other databases: the retry in `storage_of`."""
-    if not storage_url.startswith("sqlite:///"):
-        yield
-        return
-    import fcntl
-
-    with open(storage_url.removeprefix("sqlite:///") + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def storage_of(args, optuna):
-    """An RDB storage with heartbeats (a trial whose worker stops beating is failed and run again) and, for SQLite,
-    a long lock timeout: several processes write to one file."""
-    import warnings
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    engine = {"connect_args": {"timeout": 60}} if args.storage.startswith("sqlite") else {}
-    for attempt in range(5):
-        try:
-            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0: here since 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    args.storage,
-                    engine_kwargs=engine,
-                    heartbeat_interval=args.heartbeat,
-                    grace_period=3 * args.heartbeat,
-                    heartbeat_stale_trial_callback=run_again,
-                )
-        except SQLAlchemyError:  # another worker creating the tables at this moment: they exist once it is done
-            if attempt == 4:
-                raise
-            time.sleep(1 + attempt)
-
-
-def terms(args, names: list[str]) -> dict:
-    """What makes trials comparable: every worker of a study must run with the same."""
-    return {
-        "rewards": names,
-        "recipe_args": args.recipe_args,
-        "validation_rows": args.validation_rows,
-        "weights": args.weights,
-        "learning_rate": args.learning_rate,
-        "temperature": args.temperature,
-    }
 
 
 def open_study(args, optuna, names: list[str]):
     """(study, storage): the study, created if new (then with the recipe's own weights, all 1, as its first trial),
-    or loaded, refusing to go on with other terms than it started with."""
+    or loaded, refusing to go on with other terms (what makes trials comparable) than it started with. The storage
+    has heartbeats (a silent worker's trial is failed and run again); SQLite's, a long lock timeout."""
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
     sampler = optuna.samplers.TPESampler(seed=args.sampler_seed)
-    own = terms(args, names)
-    with creating(args.storage):
-        storage = storage_of(args, optuna)
+    same = ("recipe_args", "validation_rows", "weights", "learning_rate", "temperature")
+    own = {"rewards": names, **{name: getattr(args, name) for name in same}}
+    engine = {"connect_args": {"timeout": 60}} if args.storage.startswith("sqlite") else {}
+    kwargs = {"engine_kwargs": engine, "heartbeat_interval": args.heartbeat, "grace_period": 3 * args.heartbeat}
+    # Workers started together on one new SQLite file would otherwise create its tables at the same moment (and one
+    # fail): a lock file is held while a worker creates or opens the study. Other databases: the retry below.
+    sqlite = args.storage.startswith("sqlite:///")
+    with open(args.storage.removeprefix("sqlite:///") + ".lock", "a") if sqlite else nullcontext() as lock:
+        if sqlite:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        for attempt in range(5):
+            try:
+                storage = optuna.storages.RDBStorage(args.storage, heartbeat_stale_trial_callback=run_again, **kwargs)
+                break
+            except ArgumentError as error:  # not a database URL this machine can open: no retry will change that
+                example = "an Optuna database URL, e.g. sqlite:///study.db"
+                raise RecipeError(f"--storage {args.storage}: {error} ({example})") from None
+            except SQLAlchemyError as error:  # another worker creating the tables now: they exist once it is done
+                if attempt == 4:
+                    raise RecipeError(f"--storage {args.storage}: cannot be opened ({error})") from error
+                time.sleep(1 + attempt)
         try:
             study = optuna.create_study(study_name=args.study, storage=storage, sampler=sampler, direction="maximize")
         except optuna.exceptions.DuplicatedStudyError:  # another worker made it, or an earlier run of this command
@@ -198,7 +130,7 @@ def open_study(args, optuna, names: list[str]):
     started = study.user_attrs.get("terms") or {}
     if started != json.loads(json.dumps(own)):
         changed = {key: (started.get(key), value) for key, value in own.items() if started.get(key) != value}
-        sys.exit(
+        raise RecipeError(
             f"Study {args.study!r} in {args.storage} was started with other terms, so its trials would not "
             f"compare: {changed} (started with, now). Run it with the same, or name another --study"
         )
@@ -218,11 +150,10 @@ def reclaim(study, optuna, grace: int) -> None:
     that long after the trial began (killed between taking the trial and naming itself)."""
     host, now = socket.gethostname(), datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker = trial.user_attrs.get("worker")
-        if worker is None:
+        if (worker := trial.user_attrs.get("worker")) is None:
             gone = trial.datetime_start is not None and (now - trial.datetime_start).total_seconds() > grace
         else:
-            gone = worker.get("host") == host and not _alive(worker.get("pid", -1), worker.get("started"))
+            gone = worker.get("host") == host and not alive(worker.get("pid", -1), worker.get("started"))
         if gone:
             try:
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
@@ -232,43 +163,7 @@ def reclaim(study, optuna, grace: int) -> None:
     optuna.storages.fail_stale_trials(study)
 
 
-def finished(trial, optuna) -> bool:
-    """A trial whose run ended: complete, or failed on its own (not interrupted with its worker)."""
-    states = optuna.trial.TrialState
-    return trial.state == states.COMPLETE or (trial.state == states.FAIL and FINISHED_ATTR in trial.user_attrs)
-
-
-class Heartbeat:
-    """Records a running trial's heartbeat every `interval` seconds, in a thread, while its run lasts."""
-
-    def __init__(self, storage, trial_id: int, interval: int):
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.beat, args=(storage, trial_id, interval), daemon=True)
-
-    def beat(self, storage, trial_id: int, interval: int) -> None:
-        storage.record_heartbeat(trial_id)
-        while not self.stop.wait(interval):
-            storage.record_heartbeat(trial_id)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
-def die_with_parent() -> None:
-    """Linux: the trial's run is ended (SIGTERM) when the search process dies, even by SIGKILL: no orphan trains on."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def trial_command(args, number: int, values: dict) -> tuple[list[str], Path]:
-    """The trial's run of the recipe, and its output folder."""
     out = (args.folder / f"trial-{number:04d}").resolve()
     searched = []
     for key, value in values.items():
@@ -292,46 +187,41 @@ def suggest(trial, args, names: list[str]) -> dict:
 
 def run_trial(args, study, storage, optuna, names: list[str]) -> None:
     trial = study.ask()
-    trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())})
+    pid = os.getpid()
+    trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": pid, "started": started_at(pid)})
     values = suggest(trial, args, names)
     command, out = trial_command(args, trial.number, values)
     trial.set_user_attr("output_dir", str(out))
     log_path = args.folder / f"{out.name}.log"
     print(f"Trial {trial.number}: {shlex.join(command[1:])}", flush=True)
     started = time.perf_counter()
+    # Linux: the run is ended (SIGTERM, PR_SET_PDEATHSIG) when the search process dies, even by SIGKILL: no orphan.
+    die_with_parent = (lambda: ctypes.CDLL(None).prctl(1, signal.SIGTERM)) if sys.platform == "linux" else None
     with log_path.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        with Heartbeat(storage, trial._trial_id, args.heartbeat):
+        try:
+            returncode = None
+            while returncode is None:  # the trial's heartbeat, every --heartbeat seconds while its run lasts
+                storage.record_heartbeat(trial._trial_id)
+                with suppress(subprocess.TimeoutExpired):
+                    returncode = process.wait(timeout=args.heartbeat)
+        except KeyboardInterrupt:  # Ctrl-C in a terminal reaches the run too: let it stop, queue the trial again
             try:
-                returncode = process.wait()
-            except KeyboardInterrupt:  # Ctrl-C in a terminal reaches the run too: let it stop, queue the trial again
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # the search alone was interrupted
-                    process.send_signal(signal.SIGINT)
-                    process.wait()
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                run_again(study, study.trials[trial.number])
-                raise
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # the search alone was interrupted
+                process.send_signal(signal.SIGINT)
+                process.wait()
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            run_again(study, study.trials[trial.number])
+            raise
     summary = read_json(out / "eval" / "final" / "summary.json") or {}
-    result = {
-        "number": trial.number,
-        "settings": values,
-        "command": command,
-        "returncode": returncode,
-        "seconds": round(time.perf_counter() - started),
-        "output_dir": str(out),
-        "log": str(log_path),
-    }
+    result = {"number": trial.number, "settings": values, "command": command, "returncode": returncode}
+    result |= {"seconds": round(time.perf_counter() - started), "output_dir": str(out), "log": str(log_path)}
     trial.set_user_attr(FINISHED_ATTR, returncode)
     if returncode == 0 and summary.get("split") == "validation":
         baseline = read_json(out / "eval" / "baseline" / "summary.json") or {}
-        scores = {
-            "accuracy": summary["accuracy_strict"],
-            "interval": summary["interval_strict"],
-            "n": summary["n"],
-            "baseline_accuracy": baseline.get("accuracy_strict"),
-        }
+        scores = {"accuracy": summary["accuracy_strict"], "interval": summary["interval_strict"], "n": summary["n"]}
+        scores["baseline_accuracy"] = baseline.get("accuracy_strict")
         for key, value in scores.items():
             trial.set_user_attr(key, value)
         result.update(scores, state="complete")
@@ -349,15 +239,9 @@ def run_trial(args, study, storage, optuna, names: list[str]) -> None:
 
 
 def best_settings(study, recipe_args: list[str], validation_rows: int) -> dict:
-    """The settings file of the study's best trial: the recipe settings every trial ran with (a --config's merged
-    under the command line's), the best trial's searched values, and the rows held out, so that a run of it trains
-    on what the trials trained on; its evaluation measures the test split."""
-    argv = [part for arg in recipe_args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
-    values = {}
-    if "--config" in argv:
-        i = argv.index("--config")
-        values = yaml.safe_load(Path(argv[i + 1]).read_text(encoding="utf-8")) or {}
-        argv = argv[:i] + argv[i + 2 :]
+    """The study's best settings file: the recipe settings every trial ran with (a --config's under the command line's),
+    the best trial's searched values and the rows held out: a run of it trains as the trials did, measured on test."""
+    argv, values, _ = settings.read_config(recipe_args, apply_env=False)
     given = settings.given_on_command_line(argv)
     values.update({key: getattr(value, "value", value) for key, value in given.items() if key != "config"})
     values.update(study.best_trial.user_attrs["settings"])  # reward_weights, and what else was searched
@@ -368,8 +252,7 @@ def best_settings(study, recipe_args: list[str], validation_rows: int) -> dict:
 
 
 def write_best(args, study, optuna) -> Path | None:
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
+    if not (complete := study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))):
         return None
     best = study.best_trial
     default = [t for t in complete if t.user_attrs.get("default_weights")]
@@ -384,10 +267,9 @@ def write_best(args, study, optuna) -> Path | None:
         "# (without validation_rows it trains on every train row).",
     ]
     values = best_settings(study, args.recipe_args, args.validation_rows)
-    path = args.folder / "best.yaml"
-    text = "\n".join(lines) + "\n" + yaml.safe_dump(values, sort_keys=False, default_flow_style=None)
-    path.write_text(text, encoding="utf-8")
-    return path
+    lines.append(yaml.safe_dump(values, sort_keys=False, default_flow_style=None))
+    (args.folder / "best.yaml").write_text("\n".join(lines), encoding="utf-8")
+    return args.folder / "best.yaml"
 
 
 def report(study) -> None:
@@ -406,35 +288,45 @@ def report(study) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import warnings
+    try:
+        search(parse_args(argv))
+    except RecipeError as err:
+        sys.exit(str(err))
+    except KeyboardInterrupt:
+        sys.exit(130)
 
-    args = parse_args(argv)
-    optuna = require_optuna()
+
+def search(args) -> None:
+    try:
+        import optuna
+    except ImportError:
+        raise RecipeError(
+            f"The reward-weight search needs Optuna, an optional dependency of this recipe: pip install {OPTUNA_PIN} "
+            "(or pip install -r requirements-dev.txt). Training, evaluation and the presets work without it."
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Heartbeats are kept here (not by Study.optimize, which cannot run a subprocess per trial and stop on a count of
     # finished trials across workers), with Optuna's own stale-trial check: neither warning applies.
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.9
     args.folder.mkdir(parents=True, exist_ok=True)
-    names = reward_names(args.recipe)
+    names, states = reward_names(args.recipe), optuna.trial.TrialState
     study, storage = open_study(args, optuna, names)
     try:
         while True:
             reclaim(study, optuna, grace=3 * args.heartbeat)
-            trials = study.get_trials(deepcopy=False)
-            done = sum(finished(t, optuna) for t in trials)
-            running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
-            if done + running >= args.trials:
+            # Counted towards --trials: running, complete, or failed on its own (not interrupted with its worker).
+            trials = study.get_trials(deepcopy=False, states=(states.RUNNING, states.COMPLETE, states.FAIL))
+            if sum(t.state != states.FAIL or FINISHED_ATTR in t.user_attrs for t in trials) >= args.trials:
                 break
             run_trial(args, study, storage, optuna, names)
             write_best(args, study, optuna)
     except KeyboardInterrupt:
         print(f"\nStopped (Ctrl-C). The same command goes on with the study: it is in {args.storage}")
-        sys.exit(130)
+        raise
     report(study)
-    path = write_best(args, study, optuna)
-    if path is None:
-        sys.exit(f"No trial of study {args.study!r} completed: read the trials' logs in {args.folder}")
+    if (path := write_best(args, study, optuna)) is None:
+        raise RecipeError(f"No trial of study {args.study!r} completed: read the trials' logs in {args.folder}")
     print(f"Best settings: {path} (python {args.recipe} --config {path})")
 
 

@@ -1,10 +1,12 @@
-"""Shared helpers: the recipe run as a user runs it (offline, in a scratch folder), and a tiny model in its format."""
+"""Shared helpers: the recipe run as a user runs it (offline, in a scratch folder), its settings resolved or refused,
+and a tiny model in its format."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,32 @@ def run_recipe(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py",
         text=True,
         timeout=timeout,
     )
+
+
+def resolved(argv: list[str]) -> types.SimpleNamespace:
+    """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
+    import grpo_demo
+    from grpo_kit import settings
+
+    return types.SimpleNamespace(**settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS))
+
+
+def refused(argv: list[str]) -> str:
+    """The message the recipe stops with for `argv` (it must stop)."""
+    from grpo_kit import RecipeError
+
+    with pytest.raises(RecipeError) as stop:
+        resolved(argv)
+    return str(stop.value)
+
+
+@pytest.fixture
+def single_process(monkeypatch, tmp_path):
+    """One process, no DeepSpeed, and a scratch working folder (outputs/ is relative): settings as `python
+    grpo_demo.py` resolves them in a fresh folder (a module's tests take it with `pytest.mark.usefixtures`)."""
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -113,6 +113,49 @@ def test_the_end_of_turn_is_read_from_the_template(tiny):
     assert models.end_of_turn(tiny[0]) == "<|im_end|>"  # ChatML
 
 
+@pytest.mark.parametrize("kind", smoke.TINY_MODELS)
+def test_each_template_writes_a_conversation_as_its_real_models_do(kind):
+    """Each turn with the header, trimming and end its real model's template gives it (Qwen2.5's ChatML keeps the
+    text as it is; Llama 3.1's trims it, dates the system header and starts with a BOS); encoding text adds a BOS
+    only where the real tokenizer does (Llama 3)."""
+    tokenizer = smoke.build_tokenizer(smoke.corpus(FMT, smoke.make_problems(8), kind), FMT.tags, kind=kind)
+    turns = [{"role": "system", "content": " S "}, {"role": "user", "content": " Q? "}]
+    prompt, reply = {
+        "qwen2": (
+            "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n Q? <|im_end|>\n<|im_start|>assistant\n",
+            " A <|im_end|>\n",
+        ),
+        "llama3": (
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nQ?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            "A<|eot_id|>",
+        ),
+    }[kind]
+    assert tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False) == prompt
+    answered = [*turns, {"role": "assistant", "content": " A "}]
+    assert tokenizer.apply_chat_template(answered, tokenize=False) == prompt + reply
+    plain = tokenizer("Ava has 3 apples.", add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.convert_tokens_to_ids(BOS)] if kind == "llama3" else []
+    assert tokenizer("Ava has 3 apples.")["input_ids"] == bos + plain
+
+
+def test_without_a_generation_config_the_models_config_names_the_end_tokens(tiny_llama_dir, tmp_path, caplog):
+    """A model folder with no generation_config.json: generation reads the model's config, whose eos_token_id lists
+    `<|eot_id|>` here, so nothing changes; where it names only `<|end_of_text|>`, the turn's end becomes the end of
+    sequence."""
+    folder = shutil.copytree(tiny_llama_dir, tmp_path / "no-generation-config")
+    (folder / "generation_config.json").unlink()
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        assert recipe_tokenizer(folder)[0].eos_token == END_OF_TEXT
+    assert not caplog.text
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": config["eos_token_id"][0]}))
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        assert recipe_tokenizer(folder)[0].eos_token == EOT
+    assert "ends a turn with <|eot_id|>, which neither its tokenizer's end of sequence" in caplog.text
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # One BOS in every tokenized prompt
 
@@ -281,7 +324,7 @@ def test_the_pad_token_is_no_token_of_a_prompt_a_completion_or_an_end(kind, tmp_
     assert tokenizer.pad_token == {"qwen2": "<|endoftext|>", "llama3": PAD}[kind]
     configured = GenerationConfig.from_pretrained(tmp_path).eos_token_id
     ends = {tokenizer.eos_token_id, *([configured] if isinstance(configured, int) else configured)}
-    seen = {token for prompt, target in demo.examples(tokenizer, FMT, train + test) for token in prompt + target}
+    seen = {token for prompt, target, _ in demo.examples(tokenizer, FMT, train + test) for token in prompt + target}
     assert pad not in seen | ends  # no prompt, no warm-start completion, no end of generation uses it
     assert pad in tokenizer.all_special_ids
 
@@ -299,6 +342,6 @@ def test_a_tokenizer_without_a_reserved_pad_pads_with_its_end_of_sequence(tiny):
 def test_warm_start_targets_end_where_a_turn_ends_after_prompts_with_one_bos(kind, end):
     train, _ = demo.make_problems(50, 10)
     tokenizer = demo.build_tokenizer(FMT, train, kind)
-    pairs = demo.examples(tokenizer, FMT, train)
-    assert all(target[-1] == tokenizer.convert_tokens_to_ids(end) for _, target in pairs)
-    assert all(bos_count(prompt, tokenizer) == (kind == "llama3") for prompt, _ in pairs)
+    triples = demo.examples(tokenizer, FMT, train)
+    assert all(target[-1] == tokenizer.convert_tokens_to_ids(end) for _, target, _ in triples)
+    assert all(bos_count(prompt, tokenizer) == (kind == "llama3") for prompt, _, _ in triples)

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 import grpo_demo
-from grpo_kit import smoke
-from grpo_kit.record import data_fingerprint
+from grpo_kit import RecipeError, smoke
+from grpo_kit.runs import data_fingerprint
 
 
 def write_rows(folder, rows, split="train"):
@@ -63,12 +63,14 @@ def test_bad_rows_are_counted_named_by_line_and_dropped(tmp_path, caplog):
 
 
 def test_strict_data_stops_on_the_first_kind_of_bad_row(tmp_path):
-    with pytest.raises(SystemExit, match=r"Bad data: 1 train rows with no '####' answer \(.*train.jsonl lines \[2\]\)"):
+    with pytest.raises(
+        RecipeError, match=r"Bad data: 1 train rows with no '####' answer \(.*train.jsonl lines \[2\]\)"
+    ):
         grpo_demo.get_gsm8k_questions("train", write_rows(tmp_path / "d", BAD_ROWS), strict=True)
 
 
 def test_nothing_left_after_filtering_stops_with_a_message(tmp_path):
-    with pytest.raises(SystemExit, match="No usable train rows in .*train.jsonl: every row was dropped"):
+    with pytest.raises(RecipeError, match="No usable train rows in .*train.jsonl: every row was dropped"):
         grpo_demo.get_gsm8k_questions("train", write_rows(tmp_path / "d", BAD_ROWS[1:4]))
 
 
@@ -89,13 +91,27 @@ def test_lines_that_are_not_json_objects_are_counted_named_and_dropped(tmp_path,
     assert "1 train rows with a line that is not valid JSON (" in caplog.text and "lines [2])" in caplog.text
     assert "1 train rows with a line that is not a JSON object (" in caplog.text and "lines [3])" in caplog.text
     assert "1 train rows with a line that is not UTF-8 text (" in caplog.text and "lines [4])" in caplog.text
-    with pytest.raises(SystemExit, match="Bad data: 1 train rows with a line that is not valid JSON"):
+    with pytest.raises(RecipeError, match="Bad data: 1 train rows with a line that is not valid JSON"):
         grpo_demo.get_gsm8k_questions("train", str(tmp_path), strict=True)
 
 
 def test_a_folder_without_the_split_is_named(tmp_path):
-    with pytest.raises(SystemExit, match="--dataset .*: no test.jsonl there"):
+    with pytest.raises(RecipeError, match="--dataset .*: no test.jsonl there"):
         grpo_demo.get_gsm8k_questions("test", write_rows(tmp_path / "d", BAD_ROWS))
+
+
+def test_the_smoke_problems_are_the_same_on_every_machine():
+    """The smoke preset's problems (and the tiny model's tokenizer, trained on them) are what tests and benchmarks
+    compare against: the same rows from the same seed, five kinds of problem in GSM8K's format."""
+    import hashlib
+
+    train, test = smoke.make_problems(64, 0), smoke.make_problems(32, 1)
+    assert train[0] == {
+        "question": "Each of the shells costs $9. How much do 10 of them cost?",
+        "answer": "They cost 10 * 9 = $<<10*9=90>>90.\n#### 90",
+    }
+    digest = hashlib.sha256(json.dumps([train, test]).encode()).hexdigest()
+    assert digest == "6d1508eda349c9f30ee063f16369472c6b1b0fbbe66eda237cf14a007775a429"
 
 
 def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
@@ -115,7 +131,7 @@ def test_prompts_over_the_cap_are_dropped_and_logged(tmp_path, caplog):
 
 def test_every_prompt_over_the_cap_stops_the_run(tmp_path, tiny):
     data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=4, n_test=1)))
-    with pytest.raises(SystemExit, match="Every prompt is over 10 tokens: nothing to train on. Raise --max_prompt"):
+    with pytest.raises(RecipeError, match="Every prompt is over 10 tokens: nothing to train on. Raise --max_prompt"):
         grpo_demo.drop_long_prompts(data, tiny[0], max_tokens=10)
 
 
@@ -130,30 +146,70 @@ def test_the_same_data_gives_the_same_fingerprint_and_other_data_another(tmp_pat
 def test_data_smaller_than_one_step_stops_the_run(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit import preflight
+    from grpo_kit import checks
 
     data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=3, n_test=1)))
     args = SimpleNamespace(generation_batch_size=64, num_generations=16)
-    with pytest.raises(SystemExit, match="3 training prompts, and one step takes 4 .generation_batch_size 64"):
-        preflight.enough_data(data, args)
-    preflight.enough_data(data, SimpleNamespace(generation_batch_size=48, num_generations=16))  # 3 is enough
+    with pytest.raises(RecipeError, match="3 training prompts, and one step takes 4 .generation_batch_size 64"):
+        checks.enough_data(data, args)
+    checks.enough_data(data, SimpleNamespace(generation_batch_size=48, num_generations=16))  # 3 is enough
 
 
 def test_resuming_on_other_data_is_refused(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit import preflight
-    from grpo_kit.record import write_run_record
+    from grpo_kit import runs
+    from grpo_kit.runs import write_run_record
 
     folder = smoke.write_gsm8k_folder(tmp_path / "g", n_train=8, n_test=1)
     data = grpo_demo.get_gsm8k_questions("train", str(folder))
     write_run_record(str(tmp_path / "run"), {}, data, seed=0)
     args = SimpleNamespace(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-    preflight.same_data(data, SimpleNamespace(allow_changed_settings=False), args)  # the same: fine
+    runs.same_data(data, SimpleNamespace(allow_changed_settings=False), args)  # the same: fine
     edited = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "h", 8, 1, seed=5)))
-    with pytest.raises(SystemExit, match="the training data differ from the run's start: 8 rows, sha256"):
-        preflight.same_data(edited, SimpleNamespace(allow_changed_settings=False), args)
-    preflight.same_data(edited, SimpleNamespace(allow_changed_settings=True), args)  # told to go on
+    with pytest.raises(RecipeError, match="the training data differ from the run's start: 8 rows, sha256"):
+        runs.same_data(edited, SimpleNamespace(allow_changed_settings=False), args)
+    runs.same_data(edited, SimpleNamespace(allow_changed_settings=True), args)  # told to go on
+
+
+def test_resuming_with_other_fixed_settings_than_the_run_record_holds_is_refused(tmp_path, monkeypatch):
+    """The record is the one a run writes (its settings as the recipe hands them to `runs.start`); a resume with the
+    same settings goes on, one that changes a fixed setting of any section (training, model, run) is refused."""
+    import torch
+    from safetensors.torch import save_file
+
+    from grpo_kit import runs, settings
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    data = grpo_demo.get_gsm8k_questions("train", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=8, n_test=1)))
+    start = ["--output_dir", str(out), "--learning_rate", "2e-5", "--use_peft", "--lora_r", "8", "--dataset", "g"]
+    run, training_args, model_args = grpo_demo.parse_settings(start)
+    runs.write_run_record(out, {"run": run, "training": training_args, "model": model_args}, data, seed=0)
+    checkpoint = out / "checkpoint-2"  # a complete one, as the trainer saves it
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    save_file({"w": torch.zeros(4)}, checkpoint / "adapter_model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, checkpoint / name)
+
+    def resumed(*changed: str) -> dict:
+        argv = [*start, "--resume_from_checkpoint", "latest", *changed]
+        return settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
+
+    assert resumed()["resume_from_checkpoint"] == str(checkpoint)  # the settings it started with
+    for changed, line in [
+        (["--learning_rate", "1e-4"], "learning_rate: 2e-05 -> 0.0001"),
+        (["--lora_r", "16"], "lora_r: 8 -> 16"),
+        (["--max_prompt_tokens", "128"], "max_prompt_tokens: 256 -> 128"),
+    ]:
+        with pytest.raises(RecipeError, match="with settings its run did not start with") as stop:
+            resumed(*changed)
+        assert f"  - {line}\n" in str(stop.value)
+        assert resumed(*changed, "--allow_changed_settings", "true")["resume_from_checkpoint"] == str(checkpoint)
+    assert resumed("--dataset", str(tmp_path / "g"))["resume_from_checkpoint"]  # the same folder, written otherwise
+    with pytest.raises(RecipeError, match=r"  - dataset: \S+/g -> \S+/other\n"):
+        resumed("--dataset", str(smoke.write_gsm8k_folder(tmp_path / "other", n_train=8, n_test=1)))
 
 
 def test_a_line_nested_deeper_than_the_parser_goes_is_dropped(tmp_path, caplog):
@@ -184,5 +240,5 @@ def test_validation_rows_are_held_out_of_training_the_same_for_every_run(gsm8k_d
     assert pairs(again_validation) == pairs(validation) and pairs(again_train) == pairs(train)  # one draw
     assert validation["question"] != rows["question"][:16]  # drawn, not the first rows
     assert hold_out(rows, 0) == (rows, None)
-    with pytest.raises(SystemExit, match="validation_rows=64: the train split has 64 usable rows: hold out fewer"):
+    with pytest.raises(RecipeError, match="validation_rows=64: the train split has 64 usable rows: hold out fewer"):
         hold_out(rows, 64)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import grpo_demo
-from grpo_kit import evaluation, generation, reports, scoring
+from grpo_kit import RecipeError, evaluation, generation, reports, scoring
 
 FMT = grpo_demo.ANSWER_FORMAT
 ANSWER = "<reasoning>\n{r}\n</reasoning>\n<answer>\n{a}\n</answer>"
@@ -111,11 +111,17 @@ def test_generate_calls_depend_only_on_the_number_of_prompts(tiny, test_rows, mo
         assert calls == [True, True, True]
 
 
-def test_evaluate_writes_a_consistent_report(tiny, test_rows, tmp_path, capsys):
+def test_evaluate_writes_a_consistent_report(tiny, test_rows, tmp_path, capsys, monkeypatch):
+    import time
+
     tokenizer, model = tiny
+    generate = evaluation.generate_greedy
+    monkeypatch.setattr(evaluation, "generate_greedy", lambda *a, **k: time.sleep(0.5) or generate(*a, **k))
     summary, records = evaluation.evaluate(
         model, tokenizer, test_rows, FMT, max_new_tokens=16, batch_size=3, model_name="tiny"
     )
+    assert summary["seconds"] >= 0.5  # the time generation took, and the rate of it
+    assert summary["questions_per_second"] == pytest.approx(8 / summary["seconds"], rel=0.02)
     folder = reports.write_report(tmp_path, "baseline", summary, records)
     assert folder == reports.eval_dir(tmp_path, "baseline") == tmp_path / "eval" / "baseline"
     saved = json.loads((folder / "summary.json").read_text())
@@ -225,12 +231,12 @@ def completions_of(model_dir, rows, tokenizer_dir=None) -> list[str]:
     """Greedy completions of a saved model, as the run's evaluation generates them (same batch size and length)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_kit.smoke import DEFAULTS
+    from grpo_kit.presets import SETTINGS
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     prompts = [row["prompt"] for row in rows]
-    max_new = DEFAULTS["max_completion_length"]
+    max_new = SETTINGS["smoke"]["max_completion_length"]
     return [g.text for g in generation.generate_greedy(model, tokenizer, prompts, max_new, batch_size=64)]
 
 
@@ -283,7 +289,9 @@ def test_baseline_and_final_evaluate_the_start_and_the_trained_model(smoke_run):
 
     state = json.loads((run / "trainer_state.json").read_text())
     accuracy = [e for e in state["log_history"] if "eval_accuracy_strict" in e]
-    assert [e["step"] for e in accuracy] == [2, 4]
+    assert [e["step"] for e in accuracy] == [0, 2, 4]  # step 0: the baseline's, on the questions measured after
+    first = [json.loads(line) for line in (run / "eval" / "baseline" / "completions.jsonl").open()][:8]  # eval_subset
+    assert accuracy[0]["eval_accuracy_strict"] == sum(r["correct_strict"] for r in first) / 8
     rewards = [e for e in state["log_history"] if "reward" in e]
     assert [e["step"] for e in rewards] == [1, 2, 3, 4]  # the rewards still log in their own entries
 
@@ -323,7 +331,7 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
         assert (again["n"], again["model"], again["start_model"]) == (32, run, "outputs/smoke-assets/tiny-qwen2")
         assert again["accuracy_strict"] == before["accuracy_strict"]
         assert json.loads((evaluations / "comparison.json").read_text())["final"] == again
-        # The k-shot examples are the training run's (the whole train split, never a test question).
+        # The k-shot examples are the training run's: the same draw from the whole train split.
         kshot = json.loads((evaluations / "comparison-kshot.json").read_text())
         assert kshot["final-kshot"]["protocol_details"] == kshot["baseline-kshot"]["protocol_details"]
         # On other terms (5 questions; no samples; other examples) each is written beside the first, which stays.
@@ -345,6 +353,29 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     assert expected and printed == expected + "\n"
 
 
+def test_eval_only_never_shows_a_test_question_as_a_kshot_example(smoke_run, tmp_path):
+    """A train split that repeats all 32 test questions and holds 3 more: the 3 examples shown are those 3, drawn as
+    from a train split of them alone (a draw from all 35 would show repeats, and name other questions)."""
+    from grpo_kit import smoke
+
+    folder, _ = smoke_run
+    data = folder / "outputs" / "smoke-assets" / "gsm8k-generated"
+    train, test = ([json.loads(line) for line in (data / f"{split}.jsonl").open()] for split in ("train", "test"))
+    mixed = smoke.write_splits(tmp_path / "mixed", [*test, *train[:3]], test)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        flags = ["--dataset", str(mixed), "--output_dir", str(tmp_path / "out"), "--eval_protocols", "kshot"]
+        grpo_demo.main(
+            ["--smoke", "--eval_only", "--model_name_or_path", "outputs/smoke-GRPO", *flags, "--eval_shots", "3"]
+        )
+    summary = json.loads((tmp_path / "out" / "eval" / "final-kshot" / "summary.json").read_text())
+    clean = grpo_demo.get_gsm8k_questions("train", str(smoke.write_splits(tmp_path / "clean", train[:3], test)))
+    alone = scoring.build_protocol("kshot", FMT, train_rows=list(clean), shots=3, seed=evaluation.SHOTS_SEED)
+    assert summary["protocol_details"] == alone.details
+    assert summary["first_prompt"].count("<|im_start|>user") == 4  # 3 examples, then the question
+    assert sum(t["question"] in summary["first_prompt"] for t in test) == 1  # the question asked, and no other
+
+
 def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_path, monkeypatch):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -353,9 +384,61 @@ def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_p
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # cut short
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="model.safetensors truncated or damaged"):  # found before anything loads
+    with pytest.raises(RecipeError, match="model.safetensors truncated or damaged"):  # found before anything loads
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])
     (broken / "config.json").write_text("{not json")  # a damaged config: found when the tokenizer or model loads
     weights.write_bytes((tiny_dir / "model.safetensors").read_bytes())
-    with pytest.raises(SystemExit, match=f"Could not load the model '{broken}'"):
+    with pytest.raises(RecipeError, match=f"Could not load the model '{broken}'"):
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])
+
+
+@pytest.mark.parametrize("before_and_after", [True, False], ids=["final-eval", "no-final-eval"])
+def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluation(monkeypatch, before_and_after):
+    """Step 0 is where not_learning's start is read: the baseline's records on the subset where it is measured, else
+    the subset measured alone; a resumed run logs no second start, and no in-training accuracy logs none."""
+    from test_stopping import fake_trainer
+    from transformers import TrainerControl, TrainerState
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(3)]
+    records = [
+        {
+            "correct_strict": right,
+            "correct_lenient": True,
+            "format_strict": True,
+            "format_soft": True,
+            "completion_tokens": tokens,
+            "truncated": False,
+        }
+        for right, tokens in [(1, 10), (0, 30), (0, 50)]
+    ]
+    measured, logged = [], []
+
+    def measure(rows_asked, model_name, desc, *args):
+        measured.append((len(rows_asked), desc))
+        return {}, records[: len(rows_asked)]
+
+    def accuracy(every_steps, global_step=0):
+        callback = evaluation.AccuracyCallback(
+            fake_trainer(TrainerState()),
+            rows,
+            grpo_demo.ANSWER_FORMAT,
+            before_and_after=before_and_after,
+            every_steps=every_steps,
+            subset=2,
+            batch_size=2,
+            limit=None,
+        )
+        monkeypatch.setattr(callback, "measure", measure)
+        monkeypatch.setattr(callback, "report", lambda base, model: measure(rows, model, base)[1])
+        monkeypatch.setattr(callback, "log_subset", lambda summary, control: logged.append(summary))
+        callback.on_train_begin(None, TrainerState(global_step=global_step), TrainerControl())
+        return callback
+
+    assert accuracy(every_steps=5).measured == 2
+    assert measured == ([(3, "baseline")] if before_and_after else [(2, "accuracy at step 0")])
+    assert [(s["n"], s["accuracy_strict"], s["mean_completion_tokens"]) for s in logged] == [(2, 0.5, 20.0)]
+    measured.clear(), logged.clear()
+    assert accuracy(every_steps=0).measured == 0 and logged == []
+    measured.clear()
+    accuracy(every_steps=5, global_step=4)
+    assert logged == [] and measured == []

@@ -8,11 +8,11 @@ import datasets.config
 import huggingface_hub.constants
 import pytest
 
-from grpo_kit import hub
+from grpo_kit import online
 
 
 @pytest.fixture
-def online(monkeypatch):
+def hub_flags_on(monkeypatch):
     """The library flags as on a machine where no one asked for offline mode (restored after the test)."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
@@ -22,7 +22,7 @@ def online(monkeypatch):
 HUB_RUN = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "dataset": None}
 
 
-def test_an_unreachable_hub_turns_offline_mode_on_and_says_so_once(online, monkeypatch, caplog):
+def test_an_unreachable_hub_turns_offline_mode_on_and_says_so_once(hub_flags_on, monkeypatch, caplog):
     probes = []
 
     def unreachable(address, timeout):
@@ -31,14 +31,14 @@ def test_an_unreachable_hub_turns_offline_mode_on_and_says_so_once(online, monke
 
     monkeypatch.setattr(socket, "create_connection", unreachable)
     with caplog.at_level("WARNING", logger="grpo_demo"):
-        assert hub.go_offline_if_unreachable(HUB_RUN) is True
-        assert hub.go_offline_if_unreachable(HUB_RUN) is True  # already offline: not asked again
-    assert probes == [(("huggingface.co", 443), hub.PROBE_SECONDS)]
+        assert online.go_offline_if_unreachable(HUB_RUN) is True
+        assert online.go_offline_if_unreachable(HUB_RUN) is True  # already offline: not asked again
+    assert probes == [(("huggingface.co", 443), online.PROBE_SECONDS)]
     assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
     assert caplog.text.count("The Hugging Face Hub cannot be reached: working offline") == 1
 
 
-def test_a_run_of_local_files_does_not_ask(online, monkeypatch, tmp_path):
+def test_a_run_of_local_files_does_not_ask(hub_flags_on, monkeypatch, tmp_path):
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed the Hub"))
-    assert hub.go_offline_if_unreachable({"model_name_or_path": str(tmp_path), "dataset": str(tmp_path)}) is False
+    assert online.go_offline_if_unreachable({"model_name_or_path": str(tmp_path), "dataset": str(tmp_path)}) is False
     assert huggingface_hub.constants.HF_HUB_OFFLINE is False

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import grpo_demo
-from grpo_kit import merge, smoke
+from grpo_kit import RecipeError, merge, smoke
 
 
 @pytest.fixture
@@ -52,13 +52,13 @@ def test_merge_gives_the_adapted_models_outputs_in_full_precision(adapter_run):
 
 def test_merge_names_what_is_wrong_instead_of_a_traceback(adapter_run, tmp_path):
     folder, _, _ = adapter_run
-    with pytest.raises(SystemExit, match="a full model .* already standalone: nothing to merge"):
+    with pytest.raises(RecipeError, match="a full model .* already standalone: nothing to merge"):
         merge.merge_adapter(folder / "base", folder / "out")
-    with pytest.raises(SystemExit, match="no adapter_config.json there"):
+    with pytest.raises(RecipeError, match="no adapter_config.json there"):
         merge.merge_adapter(tmp_path / "nowhere", folder / "out")
-    with pytest.raises(SystemExit, match="--output must be another folder than --adapter"):
+    with pytest.raises(RecipeError, match="--output must be another folder than --adapter"):
         merge.merge_adapter(folder / "run", folder / "run")
-    with pytest.raises(SystemExit, match="no-such-model': no such folder. Give the base the adapter was trained on"):
+    with pytest.raises(RecipeError, match="no-such-model': no such folder. Give the base the adapter was trained on"):
         merge.merge_adapter(folder / "run", folder / "out", base=str(tmp_path / "no-such-model"))
 
     quantized = folder / "base-4bit"
@@ -66,5 +66,5 @@ def test_merge_names_what_is_wrong_instead_of_a_traceback(adapter_run, tmp_path)
     config = json.loads((folder / "base" / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (quantized / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit, match="is a quantized checkpoint: a merge needs full-precision weights"):
+    with pytest.raises(RecipeError, match="is a quantized checkpoint: a merge needs full-precision weights"):
         merge.merge_adapter(folder / "run", folder / "out", base=str(quantized))

@@ -8,13 +8,12 @@ import json
 import logging
 import math
 import re
-import types
 
 import pytest
-from conftest import REWARD_NAMES, ROOT, run_recipe
+from conftest import REWARD_NAMES, ROOT, refused, resolved, run_recipe
 
 import grpo_demo
-from grpo_kit import checks, settings
+from grpo_kit import checks
 from grpo_kit.answer_format import Tags
 
 CONFIGS = ROOT / "configs"
@@ -39,15 +38,7 @@ UNSLOTH = "unsloth_llama8b_qlora"
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch, tmp_path):
-    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-
-def resolved(argv: list[str]) -> types.SimpleNamespace:
-    return types.SimpleNamespace(**settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS))
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)
@@ -60,7 +51,7 @@ def test_each_objective_preset_is_valid_and_sets_its_objective(name, caplog):
     assert (chosen.model_name_or_path, chosen.learning_rate, chosen.num_generations) == (grpo_demo.MODEL_NAME, 5e-6, 16)
     _, args, _ = grpo_demo.parse_settings(["--config", str(CONFIGS / f"{name}.yaml")])  # TRL's own checks pass
     assert args.generation_batch_size % args.num_generations == 0
-    # On the demo too, as benchmarks/objectives.py runs it (4 updates per generation batch where the preset has 4).
+    # On the demo too, as benchmarks/demo_runs.py runs it (4 updates per generation batch where the preset has 4).
     demo = ["--demo", "--config", str(CONFIGS / f"{name}.yaml"), *demo_batch_shape(name)]
     _, args, _ = grpo_demo.parse_settings(demo)
     assert args.steps_per_generation // args.gradient_accumulation_steps == (
@@ -70,7 +61,7 @@ def test_each_objective_preset_is_valid_and_sets_its_objective(name, caplog):
 
 def demo_batch_shape(name: str) -> list[str]:
     """The demo accumulates 1 micro-step per optimizer step where the recipe accumulates 4: the off-policy presets'
-    4 updates per generation batch are --steps_per_generation 4 there (benchmarks/objectives.py uses this)."""
+    4 updates per generation batch are --steps_per_generation 4 there (benchmarks/demo_runs.py uses this)."""
     return ["--steps_per_generation", "4"] if "steps_per_generation" in OBJECTIVES[name] else []
 
 
@@ -130,12 +121,6 @@ def test_the_readme_lists_every_preset_with_its_source():
         row = next((line for line in table.splitlines() if line.startswith(f"| `configs/{name}.yaml`")), None)
         assert row is not None, f"{name} is not in the README's preset table"
         assert re.search(r"arXiv:\d{4}\.\d{5}|TRL v0\.14|Unsloth", row), f"{name}: no source named"
-
-
-def refused(argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as stop:
-        resolved(argv)
-    return str(stop.value)
 
 
 # ----------------------------------------------------------------------------------------------------------------

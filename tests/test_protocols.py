@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import grpo_demo
-from grpo_kit import evaluation, generation, protocols, scoring, smoke, stats
+from grpo_kit import RecipeError, evaluation, generation, scoring, smoke
 
 FMT = grpo_demo.ANSWER_FORMAT
 
@@ -58,8 +58,12 @@ def test_kshot_prompts_show_train_solutions_never_the_test_question_and_the_same
     train, test = rows
     # A train row that repeats a test question must not be shown as an example: with 8 of 9 rows drawn, it would be.
     train = [*train[:8], {**train[8], "question": test[0]["question"]}]
-    kshot = protocols.build("kshot", FMT, train_rows=train, test_questions={r["question"] for r in test}, shots=8)
-    again = protocols.build("kshot", FMT, train_rows=list(train), test_questions={r["question"] for r in test}, shots=8)
+    kshot = scoring.build_protocol(
+        "kshot", FMT, train_rows=train, test_questions={r["question"] for r in test}, shots=8
+    )
+    again = scoring.build_protocol(
+        "kshot", FMT, train_rows=list(train), test_questions={r["question"] for r in test}, shots=8
+    )
     test_questions = {r["question"] for r in test}
     for row in test:
         messages = kshot.prompt(row["question"])
@@ -71,13 +75,30 @@ def test_kshot_prompts_show_train_solutions_never_the_test_question_and_the_same
         assert all(m["content"].rstrip().split("####")[-1].strip().isdigit() for m in messages[1:-1:2])
         assert not any(m["role"] == "system" for m in messages)  # no recipe format
     assert kshot.details == {"shots": 8, "seed": 0, "exemplars_sha256": again.details["exemplars_sha256"]}
-    other = protocols.build("kshot", FMT, train_rows=train, test_questions=test_questions, shots=8, seed=1)
+    other = scoring.build_protocol("kshot", FMT, train_rows=train, test_questions=test_questions, shots=8, seed=1)
     assert other.details["exemplars_sha256"] != kshot.details["exemplars_sha256"]
+
+
+def test_the_recipes_kshot_examples_leave_out_every_question_of_the_test_split_it_is_given(rows):
+    """Through `evaluation.protocols`, as the recipe builds them: 8 of 16 train rows repeat a test question, so the
+    8 examples shown must be exactly the other 8 (a draw of 8 from all 16 would show some of the repeats)."""
+    train, test = rows
+    clean = train[:8]
+    repeats = [{**row, "question": t["question"]} for row, t in zip(train[8:16], test[8:16], strict=True)]
+    assert not {r["question"] for r in clean} & {t["question"] for t in test}
+    run = types.SimpleNamespace(eval_protocols=["kshot"], eval_shots=8)
+    recipe, kshot = evaluation.protocols(run, FMT, test, [*repeats, *clean], training=True)
+    assert recipe.name == "recipe" and kshot.name == "kshot"  # a training run measures the recipe's first
+    shown = [m["content"] for m in kshot.prompt(test[0]["question"])[:-1:2]]  # the examples' questions
+    assert sorted(shown) == sorted(r["question"] for r in clean)
+    assert kshot.details["seed"] == evaluation.SHOTS_SEED == 1234
+    with pytest.raises(RecipeError, match="--eval_protocols kshot: k-shot needs 8 train rows with solutions, and"):
+        evaluation.protocols(run, FMT, test, [*repeats, *clean[:7]], training=False)  # 7 left once 8 are excluded
 
 
 def test_kshot_with_too_few_train_solutions_says_so(rows):
     with pytest.raises(ValueError, match="k-shot needs 8 train rows with solutions, and there are 3"):
-        protocols.build("kshot", FMT, train_rows=rows[0][:3], shots=8)
+        scoring.build_protocol("kshot", FMT, train_rows=rows[0][:3], shots=8)
 
 
 @pytest.mark.parametrize(
@@ -88,6 +109,8 @@ def test_kshot_with_too_few_train_solutions_says_so(rows):
         ("kshot", "5 + 3 = 8", "8", False, True),  # no ####: flexible only
         ("chat", "So the answer is $\\boxed{18}$.", "18", True, True),
         ("chat", "\\boxed{18} is it, then 7", "7", False, False),  # a boxed number wins over later numbers
+        ("chat", "\\boxed{5}? No: 2 + 5 = \\boxed{7}", "7", True, True),  # the last box is the answer
+        ("kshot", "#### 8\nQuestion: Ann has 9 pens.\n#### 9", "8", True, False),  # the first #### is the answer
         ("chat", "\\boxed{A}: so 7", "7", False, True),  # a box without a number: the last number
         ("kshot", "#### $-5", "-5", True, True),
         ("kshot", "#### **18**\nso 18", "18", True, True),
@@ -98,7 +121,7 @@ def test_kshot_with_too_few_train_solutions_says_so(rows):
     ],
 )
 def test_each_protocol_reads_its_own_answer_form(name, completion, gold, strict, lenient, rows):
-    protocol = protocols.build(name, FMT, train_rows=rows[0], shots=2)
+    protocol = scoring.build_protocol(name, FMT, train_rows=rows[0], shots=2)
     scored = scoring.score(completion, gold, FMT, protocol)
     assert (scored["correct_strict"], scored["correct_lenient"]) == (strict, lenient)
     judged = scored["format_strict"] is not None
@@ -107,10 +130,10 @@ def test_each_protocol_reads_its_own_answer_form(name, completion, gold, strict,
 
 def test_chat_asks_the_question_alone_and_recipe_asks_in_its_format():
     question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"
-    assert protocols.build("chat", FMT).prompt(question) == [{"role": "user", "content": question}]
-    assert protocols.build("recipe", FMT).prompt(question) == grpo_demo.chat_prompt(question)
+    assert scoring.build_protocol("chat", FMT).prompt(question) == [{"role": "user", "content": question}]
+    assert scoring.build_protocol("recipe", FMT).prompt(question) == grpo_demo.chat_prompt(question)
     with pytest.raises(ValueError, match="no evaluation protocol 'lm-eval'"):
-        protocols.build("lm-eval", FMT)
+        scoring.build_protocol("lm-eval", FMT)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -129,20 +152,20 @@ def test_chat_asks_the_question_alone_and_recipe_asks_in_its_format():
     ],
 )
 def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
-    assert stats.pass_at_k(n, c, k) == pytest.approx(expected)
+    assert scoring.pass_at_k(n, c, k) == pytest.approx(expected)
 
 
 def test_pass_at_k_refuses_more_draws_than_samples():
     with pytest.raises(ValueError, match="0 < k <= n"):
-        stats.pass_at_k(4, 1, 5)
+        scoring.pass_at_k(4, 1, 5)
 
 
 def test_majority_counts_votes_and_breaks_ties_by_the_first_sampled():
-    assert stats.majority([Fraction(3), None, Fraction(5), Fraction(5)]) == 5
-    assert stats.majority([Fraction(5), Fraction(3), Fraction(3), Fraction(5)]) == 5  # 2-2: 5 came first
-    assert stats.majority([None, Fraction(3), Fraction(5)]) == 3  # 1-1: 3 came first; no answer does not vote
-    assert stats.majority([None, None]) is None
-    assert stats.ks_for(8) == [1, 2, 4, 8] and stats.ks_for(6) == [1, 2, 4, 6] and stats.ks_for(1) == [1]
+    assert scoring.majority([Fraction(3), None, Fraction(5), Fraction(5)]) == 5
+    assert scoring.majority([Fraction(5), Fraction(3), Fraction(3), Fraction(5)]) == 5  # 2-2: 5 came first
+    assert scoring.majority([None, Fraction(3), Fraction(5)]) == 3  # 1-1: 3 came first; no answer does not vote
+    assert scoring.majority([None, None]) is None
+    assert scoring.ks_for(8) == [1, 2, 4, 8] and scoring.ks_for(6) == [1, 2, 4, 6] and scoring.ks_for(1) == [1]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +178,7 @@ def test_majority_counts_votes_and_breaks_ties_by_the_first_sampled():
     ],
 )
 def test_wilson_intervals_match_the_textbook(successes, n, low, high):
-    assert stats.wilson(successes, n) == pytest.approx((low, high), abs=1e-4)
+    assert scoring.wilson(successes, n) == pytest.approx((low, high), abs=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -169,18 +192,18 @@ def test_wilson_intervals_match_the_textbook(successes, n, low, high):
     ],
 )
 def test_exact_mcnemar_against_hand_computed_binomials(gained, lost, p):
-    assert stats.mcnemar_exact(gained, lost) == pytest.approx(p)
+    assert scoring.mcnemar_exact(gained, lost) == pytest.approx(p)
 
 
 def test_the_paired_comparison_lists_the_questions_that_flipped():
     before = [True, True, False, False, True, False]
     after = [True, False, True, True, True, True]
-    result = stats.paired(before, after)
+    result = scoring.paired(before, after)
     assert (result["gained"], result["lost"]) == ([2, 3, 5], [1])
     assert result["p_value"] == pytest.approx(2 * (1 + 4) / 16)
     assert result["verdict"] == "within chance (p >= 0.05)"
-    assert stats.paired([False] * 20, [True] * 20)["verdict"] == "a rise larger than chance (p < 0.05)"
-    assert stats.paired([True] * 3, [True] * 3)["verdict"] == "no question changed"
+    assert scoring.paired([False] * 20, [True] * 20)["verdict"] == "a rise larger than chance (p < 0.05)"
+    assert scoring.paired([True] * 3, [True] * 3)["verdict"] == "no question changed"
 
 
 def test_sampling_summary_of_hand_made_samples():
@@ -204,7 +227,7 @@ def test_sampling_summary_of_hand_made_samples():
     assert strict["maj@1"]["value"] == 0.5  # 7: right; no answer: wrong
     assert strict["maj@2"]["value"] == 0.5  # 7 vs 3, a tie: 7 came first, right; no answers: wrong
     assert strict["maj@4"]["value"] == 1.0  # 7 vs 3: 7 first; 2 vs 5: 2 first; both right
-    assert strict["maj@4"]["interval"] == pytest.approx(list(stats.wilson(2, 2)))
+    assert strict["maj@4"]["interval"] == pytest.approx(list(scoring.wilson(2, 2)))
     assert summary["samples"] == 4 and summary["temperature"] == 0.9
 
 
@@ -212,7 +235,29 @@ def test_sampling_summary_of_hand_made_samples():
 # Sampling: n continuations from one prefill
 
 
-def test_samples_come_from_one_prefill_per_prompt_and_match_greedy_when_cold(lively, rows):
+def separate_copies(model, tokenizer, prompts, samples, temperature, max_new_tokens, per_batch, seed):
+    """`samples` copies of each prompt, each copy prefilled on its own by `generate` from its whole prompt, drawn in
+    `generate_samples`' order (longest first, `per_batch` prompts a batch) from the same seed: the samples one shared
+    prefill must reproduce."""
+    encoded = generation.prompt_ids(tokenizer, prompts)
+    order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
+    stops, pad = generation.stop_ids(model, tokenizer), generation.pad_id(tokenizer)
+    texts = {}
+    with torch.random.fork_rng(), torch.no_grad(), generation.own_generation_config(model, stops, pad):
+        torch.manual_seed(seed)
+        for start in range(0, len(order), per_batch):
+            batch = order[start : start + per_batch]
+            padded = generation.left_pad([encoded[i] for i in batch], pad)
+            ids, mask = (t.repeat_interleave(samples, dim=0) for t in padded)
+            settings = dict(max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=pad)
+            full_softmax = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            output = model.generate(input_ids=ids, attention_mask=mask, **settings, **full_softmax)
+            drawn = [generation.finished(r, stops, tokenizer).text for r in output[:, ids.shape[1] :].tolist()]
+            texts.update({i: drawn[j * samples : (j + 1) * samples] for j, i in enumerate(batch)})
+    return [texts[i] for i in range(len(prompts))]
+
+
+def test_samples_from_one_prefill_per_prompt_are_those_of_separate_copies(lively, rows):
     tokenizer, model = lively
     prompts = [r["prompt"] for r in rows[1][:5]]
     calls = []
@@ -222,15 +267,39 @@ def test_samples_come_from_one_prefill_per_prompt_and_match_greedy_when_cold(liv
 
     hook = model.register_forward_pre_hook(count, with_kwargs=True)
     try:
-        cold = generation.generate_samples(model, tokenizer, prompts, 3, 1e-6, 12, batch_size=6, seed=0)
+        shared = generation.generate_samples(model, tokenizer, prompts, 3, 1.0, 12, batch_size=6, seed=0)
     finally:
         hook.remove()
     prefills = [shape for shape in calls if shape[1] > 1]  # a whole prompt at once; decoding feeds one token
     assert [rows_ for rows_, _ in prefills] == [2, 2, 1]  # 5 prompts, 6 // 3 = 2 per batch, each prefilled once
-    assert len(cold) == 5 and all(len(samples) == 3 for samples in cold)
-    greedy = generation.generate_greedy(model, tokenizer, prompts, 12, batch_size=8)
-    assert len({g.text for g in greedy}) == 5  # five different completions of prompts of different lengths...
-    assert [[s.text for s in samples] for samples in cold] == [[g.text] * 3 for g in greedy]  # ...each continued alike
+    assert len(shared) == 5 and all(len(samples) == 3 for samples in shared)
+    texts = [[s.text for s in samples] for samples in shared]
+    assert texts == separate_copies(model, tokenizer, prompts, 3, 1.0, 12, per_batch=2, seed=0)  # draw for draw
+    assert sum(len(set(own)) > 1 for own in texts) >= 3  # sampled at temperature 1: a prompt's samples differ
+
+
+def test_samples_are_drawn_from_the_full_softmax_not_its_top_50(tiny):
+    """A model whose next token is nearly uniform over its 516 tokens (output weights near zero; distinct logits,
+    as top-k keeps every token tied with its k-th) samples far more than 50 distinct tokens: nothing prunes the
+    distribution (transformers' `generate` keeps the top 50 unless told top_k=0)."""
+    import copy
+
+    tokenizer, model = copy.deepcopy(tiny[0]), copy.deepcopy(tiny[1])
+    with torch.no_grad():
+        model.lm_head.weight.normal_(std=1e-3, generator=torch.Generator().manual_seed(0))
+    assert model.config.vocab_size > 400
+    drawn, generate = [], model.generate
+
+    def recording(**kwargs):
+        output = generate(**kwargs)
+        drawn.extend(output[:, kwargs["input_ids"].shape[1] :].tolist())
+        return output
+
+    model.generate = recording
+    generation.generate_samples(model, tokenizer, [FMT.chat_prompt("Ava has 3 apples.")], 8, 1.0, 32, 8, seed=0)
+    stops = generation.stop_ids(model, tokenizer)
+    tokens = {t for row in drawn for t in row[: generation.finished(row, stops, tokenizer).tokens]}  # to the end
+    assert len(tokens) > 100  # of the 8 x 32 draws from ~516 equally likely tokens, some 200 distinct
 
 
 def test_sampling_is_seeded_and_leaves_the_training_random_state_alone(lively, rows):
@@ -248,7 +317,7 @@ def test_sampling_is_seeded_and_leaves_the_training_random_state_alone(lively, r
 
 def test_evaluate_with_samples_reports_pass_and_maj_beside_greedy(tiny, rows):
     tokenizer, model = tiny
-    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=2)
+    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=2)
     summary, records = evaluation.evaluate(
         model,
         tokenizer,
@@ -287,7 +356,7 @@ def test_the_vllm_path_serves_every_protocol_and_samples(monkeypatch, tiny, rows
             return [types.SimpleNamespace(outputs=[out] * n) for _ in requests]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=2)
+    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=2)
     prompts = [kshot.prompt(r["question"]) for r in rows[1][:3]]
     greedy, sampled = generation.generate_vllm(LLM(), tokenizer, prompts, 64, samples=5, temperature=0.7, seed=3)
     (greedy_requests, greedy_params), (sample_requests, sample_params) = handed
@@ -335,29 +404,28 @@ def test_the_prefill_keeps_one_position_of_logits_and_the_models_own_sampling_de
 
 
 def test_pass_at_k_intervals_do_not_shrink_to_a_point():
-    assert stats.mean_interval([1.0] * 50)[0] < 0.95  # a normal interval would say [100, 100]
-    assert stats.mean_interval([0.0] * 49 + [1.0]) == pytest.approx(stats.wilson(1, 50))
-    assert stats.wilson(0, 20)[0] == 0.0  # exactly, not 7e-18
+    assert scoring.wilson(50 * 1.0, 50)[0] < 0.95  # a normal interval would say [100, 100]
+    assert scoring.wilson(0, 20)[0] == 0.0  # exactly, not 7e-18
 
 
 def test_too_few_train_solutions_for_kshot_stop_before_the_weights_load(rows):
-    from grpo_kit import preflight
+    from grpo_kit import checks
 
     run = types.SimpleNamespace(eval_protocols=["recipe", "kshot"], eval_shots=8)
-    with pytest.raises(SystemExit, match="shows 8 worked train solutions, and the train split has 3: lower"):
-        preflight.enough_examples({"solution": [r["solution"] for r in rows[0][:3]]}, run)
-    preflight.enough_examples({"solution": [r["solution"] for r in rows[0]]}, run)  # enough: no stop
+    with pytest.raises(RecipeError, match="shows 8 worked train solutions, and the train split has 3: lower"):
+        checks.enough_examples({"solution": [r["solution"] for r in rows[0][:3]]}, run)
+    checks.enough_examples({"solution": [r["solution"] for r in rows[0]]}, run)  # enough: no stop
 
 
 def test_kshot_prompts_that_do_not_fit_vllms_length_stop_before_it_starts(tiny, rows):
-    from grpo_kit import modes
+    from grpo_kit import evaluation
 
     tokenizer, _ = tiny
-    kshot = protocols.build("kshot", FMT, train_rows=rows[0], shots=4)
+    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=4)
     args = types.SimpleNamespace(vllm_max_model_length=200, max_completion_length=48)
-    with pytest.raises(SystemExit, match=r"The kshot protocol's longest prompt \(\d+ tokens\) and --max_completion"):
-        modes.fits(tokenizer, [kshot], rows[1], args)
-    modes.fits(tokenizer, [protocols.build("chat", FMT)], rows[1], args)  # a question alone fits
+    with pytest.raises(RecipeError, match=r"The kshot protocol's longest prompt \(\d+ tokens\) and --max_completion"):
+        evaluation.fits(tokenizer, [kshot], rows[1], args)
+    evaluation.fits(tokenizer, [scoring.build_protocol("chat", FMT)], rows[1], args)  # a question alone fits
 
 
 def test_a_temperature_without_samples_is_said_to_do_nothing(caplog):
@@ -374,7 +442,7 @@ def test_the_table_names_each_protocols_reading_and_the_summary_keeps_the_first_
     from grpo_kit import reports
 
     tokenizer, model = tiny
-    chat = protocols.build("chat", FMT)
+    chat = scoring.build_protocol("chat", FMT)
     summary, records = evaluation.evaluate(
         model, tokenizer, rows[1][:3], FMT, max_new_tokens=4, batch_size=4, model_name="tiny", protocol=chat
     )

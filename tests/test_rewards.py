@@ -4,7 +4,8 @@ Tables of inputs, each with a comment saying why it earns what it earns, compare
 (pytest.approx only where a penalty of 0.001 per character makes float arithmetic inexact); then properties
 over arbitrary text (never raising, always in range, on 1 MB adversarial completions too) and no printing. The
 `<think>` variant (one edited constant in a copy of the recipe) is tested where the copy runs: test_runs.py.
-Timing on adversarial input is a benchmark: benchmarks/reward_worst_case.py.
+Timing on the same adversarial completions (tests/adversarial_completions.py) is a benchmark:
+benchmarks/reward_worst_case.py.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import math
 from fractions import Fraction
 
 import pytest
+from adversarial_completions import ADVERSARIAL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.reward_worst_case import ADVERSARIAL
 from grpo_demo import (
     REWARD_FUNCS,
     answer_number,
@@ -351,7 +352,7 @@ def test_tags_from_the_settings_change_prompt_rewards_and_evaluation_alike():
         {"role": "system", "content": system},
         {"role": "user", "content": "How many?"},
     ]
-    assert (fmt.tags, fmt.format_solution("s", "1")) == (
+    assert (fmt.tags, fmt.gsm8k_solution("s\n#### 1")) == (
         ("<think>", "</think>", "<answer>", "</answer>"),
         "<think>\ns\n</think>\n<answer>\n1\n</answer>\n",
     )

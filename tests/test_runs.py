@@ -27,7 +27,7 @@ from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import checks, evaluation, folders, smoke, stopping
+from grpo_kit import evaluation, presets, runs, smoke, stopping
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -60,7 +60,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert base.keys() == trained.keys()
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
-    assert all(folders.written_by_a_run(path) for path in out.iterdir())  # a preset's next run may clear them all
+    assert all(runs.written_by_a_run(path) for path in out.iterdir())  # a preset's next run may clear them all
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
@@ -101,6 +101,7 @@ def test_a_run_says_what_goes_wrong_while_it_goes_wrong(smoke_run):
     assert record["status"] == "findings" and [(f["check"], f["step"]) for f in record["findings"]] == [
         ("truncation", 3)
     ]
+    assert record["not_learning_reads"] == "eval_accuracy_strict (8 questions)"  # the accuracy measured as it trains
     state = json.loads((out / "trainer_state.json").read_text())
     marks = [e["health/truncation"] for e in state["log_history"] if "loss" in e]
     assert marks == [0.0, 0.0, 1.0, 1.0]
@@ -263,7 +264,7 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. --resume_from_checkpoint latest" in stopped.stdout
     assert "Traceback" not in stopped.stdout
     # Step 3's checkpoint (save_steps 2 would not have made it), complete; not a finished run; the folder free.
-    assert checks.missing_parts(out / "checkpoint-3") == []
+    assert runs.missing_parts(out / "checkpoint-3") == []
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
     assert not (out / "model.safetensors").exists() and not (out / "eval" / "final").exists()
     assert not (out / ".run.lock").exists()
@@ -295,7 +296,7 @@ def test_ctrl_c_saves_the_step_in_progress_says_so_and_frees_its_folder(tmp_path
     assert process.returncode == stopping.EXIT_INTERRUPTED == 130, output[-3000:]
     assert "Ctrl-C again stops at once, without a checkpoint" in output
     step = int(re.search(r"Stopped at step (\d+): Ctrl-C \(SIGINT\) received. Saved: checkpoint-\1\. ", output)[1])
-    assert checks.missing_parts(out / f"checkpoint-{step}") == []  # the step it was in, saved: resumable
+    assert runs.missing_parts(out / f"checkpoint-{step}") == []  # the step it was in, saved: resumable
     assert "Traceback" not in output
     assert not (out / ".run.lock").exists()  # the folder is free for the resume
 
@@ -354,10 +355,13 @@ def test_two_processes_train_one_run_and_evaluate_it_together(two_process_run):
     state = json.loads((out / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry]
     assert [entry["step"] for entry in steps] == [1, 2]
-    assert [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e] == [2]
+    assert [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e] == [0, 2]
 
     # Every process generated for its own prompts; the logged rewards cover both processes' completions.
-    per_process, generations = smoke.DEFAULTS["per_device_train_batch_size"], smoke.DEFAULTS["num_generations"]
+    per_process, generations = (
+        presets.SETTINGS["smoke"]["per_device_train_batch_size"],
+        presets.SETTINGS["smoke"]["num_generations"],
+    )
     for entry in steps:
         table = pd.read_parquet(out / "completions" / f"completions_{entry['step']:05d}.parquet")
         assert len(table) == 2 * per_process
@@ -400,7 +404,7 @@ def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_sam
     assert re.search(r"exitcode\s*:\s*75", stopped.stdout)
     # One checkpoint of step 1, each process's part in it; nobody trained step 2.
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-1"]
-    assert checks.missing_parts(out / "checkpoint-1") == []
+    assert runs.missing_parts(out / "checkpoint-1") == []
     assert all((out / "checkpoint-1" / f"rng_state_{rank}.pth").is_file() for rank in (0, 1))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
 

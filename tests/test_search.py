@@ -30,7 +30,8 @@ except ImportError:
 needs_optuna = pytest.mark.skipif(optuna is None, reason="optuna is not installed: pip install -r requirements-dev.txt")
 
 FAKE_RECIPE = '''"""A stand-in recipe: the real rewards, and a run that writes the evaluation a real run writes, at
-once. Its validation accuracy is highest where the correctness weight is 1.5; the run of trial FAIL_TRIAL fails."""
+once. Its validation accuracy is highest where the correctness weight is 1.5; the run of trial FAIL_TRIAL fails;
+SUMMARY_SPLIT, when set, is the split its evaluation says it measured."""
 import json
 import os
 import sys
@@ -52,7 +53,8 @@ if __name__ == "__main__":
     weights = [float(w) for w in last("--reward_weights", 5)]
     for name, accuracy in (("baseline", 0.1), ("final", round(1 - abs(weights[4] - 1.5) / 2, 4))):
         (out / "eval" / name).mkdir(parents=True)
-        summary = {"split": last("--eval_split")[0], "accuracy_strict": accuracy, "interval_strict": [0.0, 1.0]}
+        split = os.environ.get("SUMMARY_SPLIT") or last("--eval_split")[0]
+        summary = {"split": split, "accuracy_strict": accuracy, "interval_strict": [0.0, 1.0]}
         summary["n"] = int(last("--validation_rows")[0])
         (out / "eval" / name / "summary.json").write_text(json.dumps(summary))
 '''
@@ -68,7 +70,10 @@ def fake_recipe(tmp_path, monkeypatch):
 
 
 def load(folder, name: str = "reward-weights"):
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder.resolve() / 'study.db'}")
+    """The study as another process sees it: waiting, as the search's own workers do, while a writer holds the file."""
+    url = f"sqlite:///{folder.resolve() / 'study.db'}"
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    return optuna.load_study(study_name=name, storage=storage)
 
 
 def search_args(recipe, folder, trials: int, *extra: str) -> list[str]:
@@ -129,6 +134,24 @@ def test_a_study_records_failed_trials_and_writes_the_best_settings_a_run_takes(
     assert "| 2 | fail | - |" in printed and f"Best settings: {folder / 'best.yaml'}" in printed
 
 
+@needs_optuna
+def test_a_trial_whose_evaluation_is_not_of_the_validation_rows_fails(fake_recipe, monkeypatch):
+    """A run that exits 0 but leaves an evaluation of another split (here: test) is not scored: the search never
+    reads the test split, and a trial it cannot score on validation fails."""
+    folder = fake_recipe.parent / "study"
+    monkeypatch.setenv("SUMMARY_SPLIT", "test")
+    with pytest.raises(SystemExit) as stop:
+        search.main(search_args(fake_recipe, folder, 1, "--", "--smoke"))
+    assert f"No trial of study 'reward-weights' completed: read the trials' logs in {folder}" in str(stop.value)
+    (trial,) = load(folder).trials
+    assert trial.state.name == "FAIL" and trial.value is None and trial.user_attrs["returncode"] == 0
+    assert trial.user_attrs["error"].startswith("no validation evaluation in its folder")
+    record = json.loads((folder / "trial-0000.json").read_text())
+    assert record["state"] == "failed" and record["error"] == "no validation evaluation in its folder"
+    assert "accuracy" not in record
+    assert not (folder / "best.yaml").exists()
+
+
 @pytest.mark.parametrize(("cuda", "recipe_args", "rows"), [(False, ["--demo"], 256), (True, [], 500)])
 def test_without_recipe_settings_a_cpu_searches_the_demo_and_a_gpu_box_the_recipe(
     fake_recipe, monkeypatch, cuda, recipe_args, rows
@@ -166,7 +189,7 @@ def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, 
 
 
 @needs_optuna
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage", "ignore:Argument ``heartbeat")
 def test_a_trial_whose_worker_died_is_run_again_with_its_settings(fake_recipe):
     """A worker killed mid-trial (here: a process that has exited) leaves its trial running in the storage: the next
     command fails it and runs its settings again, and counts only the trials that finished."""
@@ -200,6 +223,14 @@ def test_a_study_goes_on_only_with_the_terms_it_started_with(fake_recipe, capsys
     with pytest.raises(SystemExit):
         search.main(search_args(fake_recipe, folder, 2, "--", "--smoke", "--output_dir", "x"))
     assert "--output_dir is the search's to set for each trial" in capsys.readouterr().err
+
+
+@needs_optuna
+@pytest.mark.parametrize("storage", ["bogus://x", "not a url"])
+def test_a_storage_that_cannot_be_opened_is_said_at_once(fake_recipe, storage):
+    with pytest.raises(SystemExit) as stop:
+        search.main(search_args(fake_recipe, fake_recipe.parent / "study", 1, "--storage", storage, "--", "--smoke"))
+    assert str(stop.value).startswith(f"--storage {storage}: ") and "an Optuna database URL" in str(stop.value)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,38 +7,19 @@ import json
 import logging
 import re
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, refused, resolved
 
 import grpo_demo
-from grpo_kit import checks, preflight, settings
+from grpo_kit import RecipeError, checks
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch, tmp_path):
-    """One process, no DeepSpeed, and a scratch working folder (outputs/ is relative)."""
-    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-
-def resolved(argv: list[str]) -> types.SimpleNamespace:
-    """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
-    values = settings.resolve(argv, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
-    return types.SimpleNamespace(**values)
-
-
-def refused(argv: list[str]) -> str:
-    """The message the recipe stops with for `argv` (it must stop)."""
-    with pytest.raises(SystemExit) as stop:
-        resolved(argv)
-    return str(stop.value)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -232,6 +213,7 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--eval_every_steps", "-1"], "eval_every_steps=-1: 0 turns in-training accuracy off"),
         (["--resume_from_checkpoint", "nowhere/checkpoint-5"], "resume_from_checkpoint=nowhere/checkpoint-5: no such"),
         (["--no_such_setting", "3"], "Unknown settings on the command line: ['--no_such_setting', '3']"),
+        (["--model_name_or_path", ""], "model_name_or_path is empty: name a local model folder or a Hub id"),
         (["--max_steps", "abc"], "Invalid setting: argument --max_steps/--max-steps: invalid int value: 'abc'"),
         (["--smoke", "--demo"], "--smoke and --demo are presets of their own: choose one"),
         (["--use_peft", "--lora_r", "0"], "lora_r=0: the adapter's rank must be at least 1"),
@@ -262,6 +244,9 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--eval_split", "validation"], "eval_split=validation measures the train rows --validation_rows holds out"),
         (["--eval_split", "dev"], "invalid choice: 'dev' (choose from 'test', 'validation')"),
         (["--validation_rows", "-1"], "validation_rows=-1: the train rows held out for validation, 0 or more"),
+        (["--beta", "inf"], "beta=inf: must be 0 (no KL) or more"),
+        (["--top_p", "nan"], "top_p=nan: must be in (0, 1]"),
+        (["--save_steps", "0"], "save_steps=0.0: must be at least 1"),
     ],
 )
 def test_each_invalid_setting_has_its_own_message(args, message):
@@ -315,6 +300,28 @@ def test_a_model_folder_without_a_model_names_its_newest_checkpoint(tmp_path):
     message = refused(["--eval_only", "--model_name_or_path", str(tmp_path / "crashed")])
     assert "no model in it, no config.json or adapter_config.json: its newest checkpoint is" in message
     assert str(tmp_path / "crashed" / "checkpoint-20") in message
+
+
+def test_a_fraction_below_1_is_a_save_interval_of_that_share_of_the_run():
+    assert resolved(["--save_steps", "0.25"]).save_steps == 0.25  # transformers reads it as a ratio of the steps
+
+
+def test_an_argument_that_is_not_utf8_is_named_as_its_bytes():
+    argument = b"run-\xff".decode("utf-8", "surrogateescape")  # as Python passes an undecodable byte in argv
+    assert "Invalid setting: b'run-\\xff' is not UTF-8 text" in refused(["--output_dir", argument])
+
+
+def test_the_help_explains_each_of_the_runs_own_settings(capsys):
+    from dataclasses import fields
+
+    from grpo_kit.settings import RunArguments
+
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--help"])
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    for setting in fields(RunArguments):
+        assert f"--{setting.name}" in shown and "".join(setting.metadata["help"].split()) in shown, setting.name
+    assert "--tiny_model{qwen2,llama3}" in shown and "--eval_split{test,validation}" in shown
 
 
 def test_config_as_one_argument_and_twice(tmp_path):
@@ -456,6 +463,23 @@ def test_quantization_this_machine_cannot_run_is_named(monkeypatch, args, messag
     assert message in refused(args)
 
 
+def test_both_quantizations_at_once_are_one_problem(monkeypatch):
+    monkeypatch.setattr(checks, "cuda_available", lambda: False)
+    message = refused(["--use_peft", "--load_in_4bit", "--load_in_8bit"])
+    assert (
+        message
+        == "Invalid settings:\n  - load_in_4bit and load_in_8bit are both set: choose one (--load_in_4bit is QLoRA)"
+    )
+
+
+def test_a_bitsandbytes_optimizer_without_bitsandbytes_names_the_gpu_requirements(gpu_extras):
+    del gpu_extras["bitsandbytes"]
+    assert (
+        "optim=paged_adamw_8bit needs bitsandbytes, which is not installed: pip install -r requirements-gpu.txt "
+        "(or --optim adamw_torch)" in refused(["--optim", "paged_adamw_8bit"])
+    )
+
+
 def test_qlora_without_bitsandbytes_names_the_gpu_requirements(gpu_extras):
     del gpu_extras["bitsandbytes"]
     assert "needs bitsandbytes, which is not installed: pip install -r requirements-gpu.txt" in refused(
@@ -504,6 +528,12 @@ def test_a_gpu_without_native_bf16_computes_in_fp32_and_says_so(fake_cuda, monke
         chosen = resolved([])
     assert (chosen.bf16, chosen.fp16) == (False, False)
     assert "no native bf16: training computes in fp32 (slow); --fp16 true" in caplog.text
+
+
+def test_use_vllm_on_a_machine_without_cuda_is_refused(monkeypatch):
+    monkeypatch.setattr(checks, "installed_version", {"vllm": "0.30.0"}.get)
+    monkeypatch.setattr(checks, "cuda_available", lambda: False)
+    assert "use_vllm needs a CUDA GPU and this machine has none: drop --use_vllm" in refused(["--use_vllm"])
 
 
 def test_use_vllm_without_vllm_names_the_gpu_requirements(monkeypatch):
@@ -648,8 +678,8 @@ def test_lora_targets_the_model_lacks_are_named_before_it_loads(tiny_dir, monkey
     _, args, model_args = grpo_demo.parse_settings(
         ["--model_name_or_path", str(tiny_dir), "--use_peft", "--lora_target_modules", "q_proj", "query_key_value"]
     )
-    with pytest.raises(SystemExit) as stop:
-        preflight.model_and_disk(model_args, args)
+    with pytest.raises(RecipeError) as stop:
+        checks.model_and_disk(model_args, args)
     assert f"lora_target_modules: {tiny_dir} has no ['query_key_value']; its linear layers are [" in str(stop.value)
     assert "'q_proj'" in str(stop.value)
 
@@ -658,9 +688,9 @@ def test_a_disk_without_room_for_a_checkpoint_is_named(tiny_dir, monkeypatch):
     import shutil
 
     _, args, model_args = grpo_demo.parse_settings(["--model_name_or_path", str(tiny_dir)])
-    preflight.model_and_disk(model_args, args)  # plenty of room here
+    checks.model_and_disk(model_args, args)  # plenty of room here
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(
-        SystemExit, match=r"0.0 MiB free, and one checkpoint of this run takes about \d+\.\d MiB: free some space"
+        RecipeError, match=r"0.0 MiB free, and one checkpoint of this run takes about \d+\.\d MiB: free some space"
     ):
-        preflight.model_and_disk(model_args, args)
+        checks.model_and_disk(model_args, args)

@@ -11,14 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, resolved
 
-import grpo_demo
-from grpo_kit import checks, settings
+from grpo_kit import checks
 
 BATCH = ROOT / "slurm" / "grpo.sbatch"
 MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -212,8 +210,7 @@ def test_the_settings_the_launch_passes_are_valid_recipe_settings(tmp_path, stub
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(checks, "installed_version", {"vllm": "0.30.0"}.get)
     monkeypatch.chdir(tmp_path)
-    values = settings.resolve(recipe_args, grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
-    chosen = types.SimpleNamespace(**values)
+    chosen = resolved(recipe_args)
     server = (chosen.use_vllm, chosen.vllm_mode, chosen.vllm_server_host, chosen.vllm_server_port)
     assert server == (True, "server", "gpu01", 8000)
     assert chosen.resume_from_checkpoint is None  # nothing to resume yet: a fresh start, said

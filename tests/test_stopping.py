@@ -5,13 +5,16 @@ once. Whole runs that stop and resume (one process and two) are in test_runs.py.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
+import traceback
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import TrainerControl, TrainerState
+from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler
 
 import grpo_demo
 from grpo_kit import evaluation, stopping
@@ -37,13 +40,47 @@ def fake_trainer(state: TrainerState):
     )
 
 
+def in_two_processes(target, tmp_path, timeout: float = 60) -> list:
+    """`target(rank)` in two processes of one torch.distributed group (gloo, on the CPU, as under `accelerate launch`
+    without GPUs): what each returned, by rank. Forked, so that neither imports torch again (a few seconds on a
+    loaded machine); a process that fails fails the test with its traceback, one that waits too long fails it too,
+    never hangs it."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+
+    def process(rank: int) -> None:
+        try:
+            store = torch.distributed.FileStore(str(tmp_path / "processes"), 2)
+            torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=2)
+            answers.put((rank, target(rank)))
+            torch.distributed.destroy_process_group()
+        except Exception:  # noqa: BLE001 - said in the test's failure, not lost in the child
+            answers.put((rank, RuntimeError(traceback.format_exc())))
+
+    processes = [context.Process(target=process, args=(rank,), daemon=True) for rank in range(2)]
+    for started in processes:
+        started.start()
+    returned = {}
+    try:
+        while len(returned) < len(processes):
+            rank, answer = answers.get(timeout=timeout)
+            if isinstance(answer, RuntimeError):
+                raise answer
+            returned[rank] = answer
+    finally:
+        for started in processes:
+            started.join(timeout=5)
+            if started.is_alive():
+                started.kill()
+    return [returned[0], returned[1]]
+
+
 def stop_after(sent: list[str], step: int = 5, max_steps: int = 10):
     """Step `step` of `max_steps` as the trainer runs it, `sent` signals arriving in its middle: (the callback, the
     trainer's control after the step)."""
     state, control = TrainerState(global_step=step - 1, max_steps=max_steps), TrainerControl()
     trainer = fake_trainer(state)
     with stopping.on_signals(trainer) as stop:
-        assert trainer.callback_handler.callbacks == [stop]
         stop.on_train_begin(None, state, control)
         for name in sent:
             os.kill(os.getpid(), getattr(signal, name))  # Python runs the handler before the next line
@@ -65,9 +102,8 @@ def test_a_stop_signal_saves_the_step_in_progress_then_exits_with_its_code(name,
     stop, control = stop_after([name])
     assert said in capfd.readouterr().err  # said when it comes
     assert control.should_save and control.should_training_stop  # checkpoint-5, then the end of training
-    with caplog.at_level(logging.WARNING, logger="grpo_demo"), pytest.raises(SystemExit) as end:
-        stopping.exit_if_stopped(stop)
-    assert end.value.code == code
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        assert stopping.exit_code(stop) == code
     what = "Ctrl-C (SIGINT)" if name == "SIGINT" else name
     assert f"Stopped at step 5: {what} received. Saved: checkpoint-5. --resume_from_checkpoint latest" in caplog.text
 
@@ -90,7 +126,7 @@ def test_a_signal_in_the_last_step_lets_the_run_finish(capfd):
     stop, control = stop_after(["SIGTERM"], step=10, max_steps=10)
     assert "the last step is done or under way, so the run finishes" in capfd.readouterr().err
     assert stop.stopped is None and not control.should_training_stop
-    stopping.exit_if_stopped(stop)  # no exit: the final evaluation and the model follow
+    assert stopping.exit_code(stop) == 0  # no exit: the final evaluation and the model follow
 
 
 def test_no_signal_no_stop():
@@ -110,8 +146,28 @@ def test_the_handlers_before_are_put_back_and_an_ignored_signal_stays_ignored():
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
+def test_every_process_stops_at_the_step_where_one_of_them_got_sigterm(tmp_path):
+    """A launcher or scheduler may signal one process only: the others learn it at the step's end and stop after the
+    same step, so that none waits in a collective for one that left."""
+
+    def stops_at(rank: int):
+        state, control = TrainerState(global_step=0, max_steps=10), TrainerControl()
+        with stopping.on_signals(fake_trainer(state)) as stop:
+            stop.on_train_begin(None, state, control)
+            while not control.should_training_stop and state.global_step < state.max_steps:
+                if rank == 1 and state.global_step == 3:
+                    os.kill(os.getpid(), signal.SIGTERM)  # during step 4, to this process only
+                state.global_step += 1
+                stop.on_step_end(None, state, control)
+        return state.global_step, stop.stopped, control.should_save
+
+    stopped = {"step": 4, "reason": "SIGTERM received", "saved": "checkpoint-4"}
+    assert in_two_processes(stops_at, tmp_path) == [(4, stopped, True)] * 2
+
+
 def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
-    """A scheduler's grace is short: the step's checkpoint comes first; a run that goes on still evaluates."""
+    """A scheduler's grace is short: the step's checkpoint comes first. The stop is the trainer's first callback, so
+    the accuracy callback after it sees the run stopping and skips its evaluation; a run going on still evaluates."""
 
     class Measured(Exception):
         pass
@@ -119,12 +175,21 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
     def measure(*args):
         raise Measured
 
-    trainer = fake_trainer(TrainerState())
+    state = TrainerState(global_step=4, max_steps=10)
+    trainer = fake_trainer(state)
     accuracy = evaluation.AccuracyCallback(
         trainer, [], grpo_demo.ANSWER_FORMAT, before_and_after=False, every_steps=5, subset=8, batch_size=8, limit=None
     )
     monkeypatch.setattr(accuracy, "measure", measure)
-    args, state = SimpleNamespace(output_dir="run"), TrainerState(global_step=5, max_steps=10)
-    accuracy.on_step_end(args, state, TrainerControl(should_training_stop=True))  # stopping here: no evaluation
-    with pytest.raises(Measured):
-        accuracy.on_step_end(args, state, TrainerControl())
+    other = TrainerCallback()
+    trainer.callback_handler = CallbackHandler([other, accuracy], None, None, None, None)  # the trainer calls them so
+    args = SimpleNamespace(output_dir="run")
+    with stopping.on_signals(trainer) as stop:
+        assert trainer.callback_handler.callbacks == [stop, other, accuracy]
+        stop.on_train_begin(args, state, TrainerControl())
+        state.global_step = 5
+        with pytest.raises(Measured):  # no signal: step 5 is measured
+            trainer.callback_handler.on_step_end(args, state, TrainerControl())
+        os.kill(os.getpid(), signal.SIGTERM)
+        control = trainer.callback_handler.on_step_end(args, state, TrainerControl())  # stopping: not measured
+    assert control.should_save and control.should_training_stop

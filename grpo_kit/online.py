@@ -1,0 +1,80 @@
+"""The services a run talks to, and what it does without them: the Hugging Face Hub, asked once (unreachable: the
+run says so at once and works offline, from the local cache and folders, instead of retrying every download and
+failing minutes later), and wandb, real with credentials and offline without them, never prompting."""
+
+import logging
+import netrc
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+logger = logging.getLogger("grpo_demo")
+
+PROBE_SECONDS = 3.0
+
+
+def go_offline_if_unreachable(values: dict) -> bool:
+    """Probe the Hub once if the run would fetch its model or data set there; unreachable: say so, work offline."""
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return True
+    if Path(values["model_name_or_path"]).expanduser().is_dir() and values["dataset"]:
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=PROBE_SECONDS).close()
+        return False
+    except OSError:
+        logger.warning(
+            "The Hugging Face Hub cannot be reached: working offline, from the local cache and folders only "
+            "(--dataset DIR and a local --model_name_or_path work without it)"
+        )
+    # This process and its children read the cache only; the libraries read the flag at import: set theirs too.
+    import datasets.config
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    return True
+
+
+def has_wandb_credentials() -> bool:
+    """True when wandb would find an API key without asking: the environment or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    path = Path(os.environ.get("NETRC", "~/.netrc")).expanduser()
+    try:
+        return path.is_file() and netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def offline_wandb(args) -> bool:
+    return "wandb" in (args.report_to or []) and os.environ.get("WANDB_MODE") == "offline"
+
+
+def configure_wandb(args) -> None:
+    """Point wandb at the run's output folder and go offline, saying so, when there are no credentials."""
+    if "wandb" not in (args.report_to or []):
+        return
+    os.environ.setdefault("WANDB_PROJECT", "gsm8k-grpo")
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_DIR", str(Path(args.output_dir).resolve()))  # run files beside the checkpoints
+    if os.environ.get("WANDB_MODE") is None and not has_wandb_credentials():
+        os.environ["WANDB_MODE"] = "offline"
+        logger.warning("No wandb credentials found (wandb login, or WANDB_API_KEY): logging offline.")
+    if offline_wandb(args):
+        logger.warning("wandb is offline; upload the run later with: %s", sync_command())
+
+
+def sync_command() -> str:
+    return f"wandb sync {os.environ.get('WANDB_DIR', '.')}/wandb/offline-run-*"
+
+
+def finish(trainer) -> None:
+    """Close the trackers (and the process group); repeat how to upload an offline run."""
+    trainer.end()
+    if offline_wandb(trainer.args):
+        logger.info("wandb ran offline; upload with: %s", sync_command())

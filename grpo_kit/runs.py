@@ -1,0 +1,389 @@
+"""A run's life in its output folder: held by one process (a lock), recorded (settings, versions, code, hardware,
+data), checkpointed, resumed on the settings and data it started with, and cleared only of what a run wrote."""
+
+import atexit
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from grpo_kit import RecipeError
+from grpo_kit.models import installed_version
+
+logger = logging.getLogger("grpo_demo")
+
+LOCK_NAME, RECORD_NAME = ".run.lock", "run_record.json"
+RESUME_LATEST = ("latest", "true", "True", "1")
+PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "wandb", "flash-attn", "vllm")
+RUN_ENTRIES = (  # what a run writes into its output folder: a preset clears these, and only these
+    RECORD_NAME, "trainer_state.json", "training_args.bin", "curves.png", "README.md", "health.json", LOCK_NAME,
+    "config.json", "generation_config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+    "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+    "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "checkpoint-*", "eval", "wandb", "completions",
+)  # fmt: skip
+RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def written_by_a_run(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in RUN_ENTRIES)
+
+
+def read_json(path: str | Path, default=None):
+    """A JSON file of a run (record, state, summary), or `default` when it is missing or cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether `err` (or what caused it) is a full disk or quota; safetensors reports one as its own error type."""
+    while err is not None:
+        if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def trains(v: dict) -> bool:
+    """Whether the settings ask for a training run (not --eval_only, not --ask)."""
+    return not (v["eval_only"] or v["ask"] is not None)
+
+
+# ---------------------------------------------- One run per output folder ---------------------------------------------
+def started_at(pid: int) -> str | None:
+    """When process `pid` started (Linux: /proc/<pid>/stat), to tell it from a later process given the same pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, alive
+        pass
+    return started is None or started_at(pid) in (None, started)  # a reused pid is another process
+
+
+def claim(output_dir: str | Path) -> Path:
+    """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host (and Slurm
+    job: Slurm sets SLURM_RESTART_COUNT from the first requeue on). A lock whose process is gone (a killed run), or
+    left by an earlier run of this requeued Slurm job (which may have run on another machine: Slurm ends one run of
+    a job before it starts the next), is taken over, saying so; a live one is refused."""
+    path = Path(output_dir) / LOCK_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RecipeError(
+            f"output_dir={output_dir}: cannot be made ({err.strerror}): choose another --output_dir"
+        ) from None
+    job, restart = os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": started_at(os.getpid())}
+    me |= {"slurm_job": job, "slurm_restart": restart} if job else {}
+    while True:
+        try:
+            with path.open("x", encoding="utf-8") as f:
+                json.dump({**me, "since": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}, f)
+            break
+        except FileExistsError:
+            holder = read_json(path, {})  # {} while being written, or damaged
+            same_host = holder.get("host") == me["host"]
+            if holder.get("pid") == me["pid"] and same_host:
+                return path  # this process holds it already
+            if isinstance(holder.get("pid"), int) and same_host and not alive(holder["pid"], holder.get("started")):
+                why = f"its run (pid {holder['pid']}) is gone"
+            elif job and holder.get("slurm_job") == job and (holder.get("slurm_restart") or 0) < restart:
+                why = f"Slurm job {job} held it before it was requeued"
+            else:
+                where = "" if same_host else f" on {holder.get('host')}"
+                raise RecipeError(
+                    f"output_dir={output_dir} is in use by another run (pid {holder.get('pid')}{where}, since "
+                    f"{holder.get('since')}): wait for it to end, or choose another --output_dir "
+                    f"(if that run is over, delete {path})"
+                ) from None
+            logger.warning("Taking over %s: %s", path, why)
+            path.unlink(missing_ok=True)
+    atexit.register(lambda: path.unlink(missing_ok=True) if read_json(path, {}).get("pid") == os.getpid() else None)
+    return path
+
+
+def clear_preset_folder(output_dir: str | Path, preset: str) -> None:
+    """Empty a preset's own output folder for a new run (its lock stays): only when the runs in it were that
+    preset's (their run record says so) or it holds nothing else; otherwise refuse, naming it."""
+    folder = Path(output_dir)
+    contents = [p for p in folder.iterdir() if p.name != LOCK_NAME] if folder.is_dir() else []
+    if not contents:
+        return
+    foreign = sorted(p.name for p in contents if not written_by_a_run(p))
+    settings = (read_json(folder / RECORD_NAME) or {}).get("settings") or {}
+    if not (settings.get("run") or settings.get("recipe") or {}).get(preset) or foreign:
+        raise RecipeError(
+            f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write"
+            f"{': ' + ', '.join(foreign[:5]) if foreign else ''}: move them, or give the preset another --output_dir"
+        )
+    logger.warning("--%s starts afresh: clearing %s", preset, folder)
+    for path in contents:
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+# ---------------------------------------------- Checkpoints -----------------------------------------------------------
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir()]
+    return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def missing_parts(checkpoint: str | Path) -> list[str]:
+    """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
+    folder = Path(checkpoint)
+    state = folder / "trainer_state.json"
+    missing = [] if isinstance(read_json(state), dict) else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
+    if not (weights := [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]):
+        missing.append("its weights (model.safetensors or adapter_model.safetensors)")
+    for path in weights:
+        if path.name.endswith(".index.json"):
+            index = read_json(path)
+            shards = index.get("weight_map", {}).values() if isinstance(index, dict) else ["(a damaged index)"]
+            missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not whole(folder / name)]
+        elif path.suffix == ".safetensors" and not whole(path):
+            missing.append(f"{path.name} (truncated or damaged)")
+    if not any(folder.glob("global_step*")):  # DeepSpeed keeps the optimizer there instead
+        for name in ("optimizer.pt", "scheduler.pt"):
+            if not (folder / name).is_file():
+                missing.append(name)
+            elif not (_loads(folder / name) if name == "scheduler.pt" else zipfile.is_zipfile(folder / name)):
+                missing.append(f"{name} (truncated or damaged)")  # torch.save writes a zip; a cut one has no end
+    rng = sorted(folder.glob("rng_state*.pth"))
+    missing += [f"{path.name} (truncated or damaged)" for path in rng if not _loads(path)]
+    return missing if rng else [*missing, "rng_state.pth"]
+
+
+def _loads(path: Path) -> bool:
+    """Whether a small torch file (scheduler, RNG state) loads as a resume loads it. The optimizer's state is too
+    large to read here (12 bytes a parameter): only its zip structure is checked."""
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():
+            torch.load(path, weights_only=True)
+    except Exception:  # any damage: a zip entry's CRC, an unpickling error, a wrong type
+        return False
+    return zipfile.is_zipfile(path)  # torch.save writes a zip
+
+
+def whole(path: Path) -> bool:
+    """Whether a safetensors file holds every byte its header promises (a cut file does not)."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size >= 8 + size + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+
+
+# ---------------------------------------------- Resuming --------------------------------------------------------------
+# Settings a resumed run cannot change without training differently from the run it continues: the optimizer and
+# its schedule, the batch and groups, the model and its adapter, the data; by the run record's section.
+FIXED_ON_RESUME = {
+    "training": (
+        "learning_rate", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
+        "max_grad_norm", "max_steps", "num_train_epochs", "num_generations", "per_device_train_batch_size",
+        "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation", "max_completion_length",
+        "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "beta", "loss_type", "scale_rewards",
+        "reward_weights", "seed", "epsilon", "epsilon_high", "num_iterations", "importance_sampling_level",
+        "mask_truncated_completions", "multi_objective_aggregation",
+    ),
+    "model": ("model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+              "load_in_4bit", "load_in_8bit"),
+    "run": ("dataset", "max_prompt_tokens", "validation_rows", "reasoning_tag", "answer_tag"),
+}  # fmt: skip
+
+
+def resume(values: dict) -> str | None:
+    """The checkpoint a run resumes from: `latest` resolved to the newest complete one (saying which newer ones are
+    incomplete), None for a fresh start; refused when the run's fixed settings differ from its start's."""
+    path = asked = values["resume_from_checkpoint"]
+    if asked in RESUME_LATEST:
+        folders = checkpoint_folders(output_dir := values["output_dir"])
+        missing = [missing_parts(folder) for folder in folders]
+        newest = max((i for i, parts in enumerate(missing) if not parts), default=-1)  # the newest complete one
+        path = str(folders[newest]) if newest >= 0 else None
+        for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
+            logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
+        if path is None:
+            logger.warning(
+                "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
+            )
+    if not (path and trains(values)):
+        return path
+    step = (read_json(Path(path) / "trainer_state.json") or {}).get("global_step", 0)
+    if 0 < values["max_steps"] <= step:
+        raise RecipeError(
+            f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "
+            "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+        )
+    record, changed = read_run_record(Path(path).parent) or {}, []  # the run the checkpoint belongs to
+    for section, names in FIXED_ON_RESUME.items():  # `name: was -> now` for each that differs from the record's
+        stored = record.get("settings", {}).get(section, {})
+        for name in (n for n in names if n in stored and values[n] is not None):  # None: derived from others
+            old, new = stored[name], json.loads(json.dumps(values[name], default=str))
+            if name in ("model_name_or_path", "dataset") and isinstance(old, str) and isinstance(new, str):
+                old, new = (
+                    str(Path(p).expanduser().resolve()) if Path(p).expanduser().exists() else p for p in (old, new)
+                )
+            if old != new and not (
+                isinstance(old, list) and isinstance(new, list) and sorted(map(str, old)) == sorted(map(str, new))
+            ):
+                changed.append(f"{name}: {old} -> {new}")
+    if changed:
+        listed = "\n".join(f"  - {change}" for change in changed)
+        if not values["allow_changed_settings"]:
+            raise RecipeError(
+                f"Resuming {path} with settings its run did not start with:\n{listed}\n"
+                "The checkpoint's optimizer and schedule follow the old ones: resume with the same settings, start "
+                "a new run (another --output_dir), or resume anyway: --allow_changed_settings true"
+            )
+        logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
+    return path
+
+
+def same_data(train, run, training_args) -> None:
+    """A resumed run trains on the data its start trained on (the run record's fingerprint)."""
+    checkpoint = training_args.resume_from_checkpoint
+    data = (read_run_record(Path(checkpoint).parent) or {}).get("data") if checkpoint else None
+    if data is None or (fingerprint := data_fingerprint(train)) == data.get("sha256"):
+        return
+    change = (
+        f"the training data differ from the run's start: {len(train)} rows, sha256 {fingerprint[:12]}... "
+        f"against {data.get('rows')} rows, {str(data.get('sha256'))[:12]}..."
+    )
+    if not run.allow_changed_settings:
+        raise RecipeError(f"Resuming {checkpoint}: {change}. Resume on the same data, or --allow_changed_settings true")
+    logger.warning("Resuming %s: %s (--allow_changed_settings)", checkpoint, change)
+
+
+# ---------------------------------------------- The run record --------------------------------------------------------
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that change results; None for one that is absent."""
+    return {"python": platform.python_version(), **{name: installed_version(name) for name in PACKAGES}}
+
+
+def recipe_commit() -> dict[str, str | bool | None]:
+    """The git commit of the recipe's own folder, and whether its tracked files were edited since."""
+    folder = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None}
+
+
+def hardware() -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "gpu_count": len(gpus), "gpus": gpus,
+            "cuda": torch.version.cuda}  # fmt: skip
+
+
+def data_fingerprint(dataset) -> str:
+    """sha256 over the training rows as the trainer sees them (prompt and gold answer), in order."""
+    digest = hashlib.sha256()
+    for prompt, answer in zip(dataset["prompt"], dataset["answer"], strict=True):
+        digest.update(json.dumps([prompt, answer], sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict | None = None, resumed_from=None):
+    """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
+    settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
+    now, record = datetime.now(UTC).isoformat(timespec="seconds"), read_run_record(output_dir) if resumed_from else None
+    facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware()}
+    if record is not None:
+        record.setdefault("resumes", []).append({"at": now, "command": sys.argv, "from": resumed_from, **facts})
+    else:
+        plain = {name: a.to_dict() if hasattr(a, "to_dict") else dataclasses.asdict(a) for name, a in settings.items()}
+        record = {"created": now, "command": sys.argv, "recipe": facts["recipe"], "seed": seed,
+                  "versions": facts["versions"], "hardware": facts["hardware"],
+                  "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)}, "model": model,
+                  "settings": plain}  # fmt: skip
+    path = Path(output_dir) / RECORD_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    logger.info("Run record: %s (data sha256 %s…)", path, record["data"]["sha256"][:12])
+    return record
+
+
+def read_run_record(output_dir: str | Path) -> dict | None:
+    return read_json(Path(output_dir) / RECORD_NAME)
+
+
+def model_facts(model) -> dict:
+    """What the trainer loaded: dtypes, attention, parameters (whole under ZeRO-3, which shards them: `ds_numel`)."""
+    params = list(model.parameters())
+    groups = {"weights": params, "trainable": [p for p in params if p.requires_grad]}
+    dtypes = {f"{k}_dtype": sorted({str(p.dtype).removeprefix("torch.") for p in g}) for k, g in groups.items()}
+    counts = [sum(getattr(p, "ds_numel", None) or p.numel() for p in g) for g in groups.values()]
+    attention = getattr(model.config, "_attn_implementation", None)
+    return {**dtypes, "attention": attention, "parameters": counts[0], "trainable_parameters": counts[1]}
+
+
+def start(trainer, settings: dict, dataset) -> dict | None:
+    """Write the run record (main process), link it from wandb, and note peak GPU memory into it at the end."""
+    from transformers import TrainerCallback
+
+    args = trainer.args
+    if not trainer.accelerator.is_main_process:
+        return None
+    record = write_run_record(
+        args.output_dir, settings, dataset, args.seed, model_facts(trainer.model), args.resume_from_checkpoint
+    )
+
+    class RunRecordCallbacks(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            wandb = sys.modules.get("wandb")  # imported by its integration when it reports
+            if wandb is not None and wandb.run is not None:
+                link = {"run_record": str(Path(args.output_dir).resolve() / RECORD_NAME)}
+                link |= {"data_sha256": record["data"]["sha256"], "recipe_commit": record["recipe"]["commit"]}
+                wandb.run.config.update(link, allow_val_change=True)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            import torch
+
+            # Peak GPU memory of this process since it started, as torch's allocator counts it: the model, gradients,
+            # optimizer, activations, evaluation, and vLLM's weights and KV cache when it runs colocated in this one.
+            if torch.cuda.is_available():
+                peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+                memory = dict(zip(("allocated", "reserved"), (round(b / 2**30, 2) for b in peak), strict=True))
+                logger.info("Peak GPU memory: %.1f GiB allocated by torch, %.1f GiB reserved", *memory.values())
+                record["peak_gpu_memory_gib"] = memory
+                path = Path(args.output_dir) / RECORD_NAME
+                path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+
+    trainer.add_callback(RunRecordCallbacks())
+    return record
