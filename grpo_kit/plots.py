@@ -81,8 +81,7 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
         ax = block.subplots()
         if name == "length":
             _plot_smoothed(ax, steps, LENGTH_KEY, "mean", "tab:blue")
-            ax.set(xlabel="step", ylabel="tokens")
-            ax.set_title("Completion length", fontsize=10)
+            ax.set(xlabel="step", ylabel="tokens", title="Completion length")
             _mark_findings(ax, findings)
         else:
             _plot_accuracy(ax, measured, before, after, last_step)
@@ -105,8 +104,7 @@ def _plot_smoothed(ax, steps: list[dict], key: str, label: str, color: str) -> t
     return window, smoothed
 
 
-def _grid(ax) -> None:
-    """A light grid, and the steps as whole numbers, however few."""
+def _grid(ax) -> None:  # a light grid, and the steps as whole numbers, however few
     from matplotlib.ticker import MaxNLocator
 
     ax.grid(alpha=0.3)

@@ -110,8 +110,7 @@ def open_study(args, optuna, names: list[str]):
                 storage = optuna.storages.RDBStorage(args.storage, heartbeat_stale_trial_callback=run_again, **kwargs)
                 break
             except ArgumentError as error:  # not a database URL this machine can open: no retry will change that
-                example = "an Optuna database URL, e.g. sqlite:///study.db"
-                raise RecipeError(f"--storage {args.storage}: {error} ({example})") from None
+                raise RecipeError(f"--storage {args.storage}: {error} (an Optuna URL: sqlite:///study.db)") from None
             except SQLAlchemyError as error:  # another worker creating the tables now: they exist once it is done
                 if attempt == 4:
                     raise RecipeError(f"--storage {args.storage}: cannot be opened ({error})") from error

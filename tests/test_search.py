@@ -230,7 +230,8 @@ def test_a_study_goes_on_only_with_the_terms_it_started_with(fake_recipe, capsys
 def test_a_storage_that_cannot_be_opened_is_said_at_once(fake_recipe, storage):
     with pytest.raises(SystemExit) as stop:
         search.main(search_args(fake_recipe, fake_recipe.parent / "study", 1, "--storage", storage, "--", "--smoke"))
-    assert str(stop.value).startswith(f"--storage {storage}: ") and "an Optuna database URL" in str(stop.value)
+    message = str(stop.value)
+    assert message.startswith(f"--storage {storage}: ") and message.endswith("(an Optuna URL: sqlite:///study.db)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
