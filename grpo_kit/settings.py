@@ -2,8 +2,9 @@
 YAML file (`--config`) on that, and the command line wins; then checked (`grpo_kit.checks`) before anything is
 loaded, and the values derived from them set (the checkpoint to resume, the attention that can run, offline mode).
 Any field of `RunArguments` (below), TRL's `GRPOConfig` or `ModelConfig` can be set either way. The YAML is read here,
-not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets
-environment variables, as TRL's does. Each default is declared once: the recipe's constants, passed in."""
+not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets the
+variables of `CONFIG_ENV` alone, before the libraries that read them are imported. Each default is declared once: the
+recipe's constants, passed in."""
 
 import argparse
 import logging
@@ -22,6 +23,20 @@ logger = logging.getLogger("grpo_demo")
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+# What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
+# that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
+# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code, and one read before the file (CUDA_VISIBLE_DEVICES, which
+# accelerate launch places its processes by) would do nothing: those are set in the shell.
+CONFIG_ENV = {
+    # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
+    # wandb.init's settings, transformers' WandbCallback and online.configure_wandb read these when a run starts
+    "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS", "WANDB_NOTES", "WANDB_MODE",
+    "WANDB_DIR", "WANDB_LOG_MODEL", "WANDB_WATCH",
+    "TOKENIZERS_PARALLELISM",  # tokenizers reads it at each use
+    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it when it starts, at the first allocation
+    "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
+}  # fmt: skip
 # GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
 MAPPING_SETTINGS = {
     "lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "liger_kernel_config",
@@ -130,6 +145,11 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
             raise RecipeError(
                 f"--config {path}: env: {key} is set by accelerate launch / torchrun, not by a config file"
             )
+        if key not in CONFIG_ENV:
+            raise RecipeError(
+                f"--config {path}: env: {key} is not one a config file sets: set it in the shell instead "
+                f"({key}=... python {Path(sys.argv[0]).name} ...). A file's env: sets {', '.join(sorted(CONFIG_ENV))}"
+            )
         if apply_env:
             os.environ[str(key)] = str(value)
     if env and not apply_env:
@@ -194,8 +214,6 @@ def given_on_command_line(argv: list[str]) -> dict:
 def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
     """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
     order, checked: stops with one line per problem before anything is loaded."""
-    import torch
-
     logging.basicConfig(  # info from the main process, warnings only from the others
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
@@ -204,7 +222,9 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     # A byte that is not UTF-8 reaches Python's argv as a lone surrogate (surrogateescape): named as bytes.
     if bad := [arg for arg in argv if re.search(r"[\ud800-\udfff]", arg)]:
         raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
-    argv, yaml_values, config = read_config(argv)
+    argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
+    import torch
+
     chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
     preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
@@ -249,7 +269,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
 
 def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
-    run, training_args, model_args = _parser().parse_dict(resolve(argv, recipe_defaults, reward_funcs))
+    values = resolve(argv, recipe_defaults, reward_funcs)  # first: a config's env: is set before trl is imported
+    run, training_args, model_args = _parser().parse_dict(values)
     if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
         # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.
         model_args.lora_target_modules = [model_args.lora_target_modules]
