@@ -25,8 +25,8 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 # What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
 # that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
-# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code, and one read before the file (CUDA_VISIBLE_DEVICES, which
-# accelerate launch places its processes by) would do nothing: those are set in the shell.
+# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code, and CUDA_VISIBLE_DEVICES must reach accelerate launch, which
+# places its processes on GPUs before they read the file: those are set in the shell.
 CONFIG_ENV = {
     # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
     "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
@@ -34,7 +34,7 @@ CONFIG_ENV = {
     "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS", "WANDB_NOTES", "WANDB_MODE",
     "WANDB_DIR", "WANDB_LOG_MODEL", "WANDB_WATCH",
     "TOKENIZERS_PARALLELISM",  # tokenizers reads it at each use
-    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it when it starts, at the first allocation
+    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
     "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
 }  # fmt: skip
 # GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
