@@ -37,6 +37,7 @@ CONFIG_ENV = {
     "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
     "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
 }  # fmt: skip
+MAX_YAML_VALUES = 100_000  # a settings file holds hundreds; aliases expanding past this are a "billion laughs"
 # GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
 MAPPING_SETTINGS = {
     "lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "liger_kernel_config",
@@ -127,8 +128,17 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
     if not (path := Path(argv[i + 1])).is_file():
         raise RecipeError(f"--config {path}: no such file")
     try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where it is built in: far faster
-        values = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(path.read_text(encoding="utf-8"))  # libyaml: faster
+        try:
+            node = loader.get_single_node()  # aliases not yet expanded: a 400-byte file can stand for 10**9 values
+            if node is not None and (n := _expanded(node, {})) > MAX_YAML_VALUES:
+                raise RecipeError(
+                    f"--config {path}: its aliases (*name) expand to {n:,} values, and a settings file holds "
+                    f"hundreds: write the settings out (at most {MAX_YAML_VALUES:,} values)"
+                )
+            values = (loader.construct_document(node) if node is not None else None) or {}
+        finally:
+            loader.dispose()
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise RecipeError(f"--config {path}: not a readable YAML file ({str(err).splitlines()[0]})") from None
     if not isinstance(values, dict):
@@ -155,6 +165,17 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
     if env and not apply_env:
         values["env"] = env  # kept, unapplied, for a file written from these values
     return argv[:i] + argv[i + 2 :], values, path
+
+
+def _expanded(node, sizes: dict) -> int:
+    """How many values a YAML node stands for once its aliases are expanded (an alias counts its anchor's each time)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # a node inside itself (a recursive anchor) counts once
+        children = node.value if isinstance(node, yaml.SequenceNode) else ()
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        sizes[id(node)] = 1 + sum(_expanded(child, sizes) for child in children)
+    return sizes[id(node)]
 
 
 def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:

@@ -161,6 +161,21 @@ def test_a_bad_config_file_is_named(tmp_path, text, message):
     assert message.format(path=tmp_path / "bad.yaml") in refused(["--config", str(tmp_path / "bad.yaml")])
 
 
+def test_a_config_file_whose_aliases_expand_past_any_settings_file_is_refused(tmp_path):
+    """A "billion laughs": each anchor lists the one before ten times. This one stands for 1.2 million values
+    (harmless even unguarded: a few MB); 9 levels of 9 in 330 bytes stand for 490 million."""
+    anchors = ["&a [" + ",".join(["lol"] * 10) + "]"]
+    anchors += [f"&{level} [" + ",".join([f"*{chr(ord(level) - 1)}"] * 10) + "]" for level in "bcdef"]
+    (tmp_path / "bomb.yaml").write_text(f"lora_target_modules: [{', '.join(anchors)}]\n")
+    assert (
+        f"--config {tmp_path / 'bomb.yaml'}: its aliases (*name) expand to 1,234,569 values, and a settings file "
+        "holds hundreds: write the settings out (at most 100,000 values)"
+    ) in refused(["--config", str(tmp_path / "bomb.yaml")])
+    (tmp_path / "aliases.yaml").write_text("learning_rate: &rate 2.0e-6\nweight_decay: *rate\n")  # aliases are read
+    chosen = resolved(["--config", str(tmp_path / "aliases.yaml")])
+    assert (chosen.learning_rate, chosen.weight_decay) == (2e-6, 2e-6)
+
+
 @pytest.mark.parametrize(
     "env",
     [
