@@ -355,6 +355,23 @@ def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
     assert resolved(["--eval_only"]).output_dir == "outputs/Qwen-1.5B-GRPO"  # a Hub model: the run's folder
 
 
+def test_eval_only_writes_only_beside_a_run_or_a_model(tmp_path, monkeypatch, tiny_dir):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("my notes")
+    for folder in (str(tmp_path / "project"), "/etc", "/"):
+        assert f"output_dir={folder} holds files that are not a run's or a model's (" in refused(
+            ["--eval_only", "--model_name_or_path", str(tiny_dir), "--output_dir", folder]
+        )
+    assert "(notes.txt): choose another --output_dir" in refused(["--eval_only", "--output_dir", f"{tmp_path}/project"])
+    (tmp_path / "evaluated" / "eval").mkdir(parents=True)
+    for folder in (tiny_dir, tmp_path / "new", tmp_path / "evaluated"):  # the model's own, a new one, an evaluation's
+        chosen = resolved(["--eval_only", "--model_name_or_path", str(tiny_dir), "--output_dir", str(folder)])
+        assert chosen.output_dir == str(folder)
+    monkeypatch.setattr(checks.os, "access", lambda path, mode: Path(path) != tmp_path / "evaluated")  # as if mode 500
+    message = refused(["--eval_only", "--output_dir", str(tmp_path / "evaluated")])
+    assert f"output_dir={tmp_path / 'evaluated'}: {tmp_path / 'evaluated'} cannot be written to" in message
+
+
 def test_training_into_a_folder_of_other_files_or_the_start_model_is_refused(tmp_path, tiny_dir):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "README.md").write_text("my notes")
