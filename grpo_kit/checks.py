@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpo_kit import RecipeError, runs
+from grpo_kit.data import split_files
 from grpo_kit.models import GPU_EXTRAS, cuda_available, installed_version, world_size, zero_stage
 from grpo_kit.smoke import TINY_MODELS
 
@@ -125,8 +126,11 @@ def groups_and_rewards(v: dict, n_rewards: int) -> Iterator[str]:
 
 def local_paths(v: dict, own: dict) -> Iterator[str]:
     dataset, model, resume = v["dataset"], v["model_name_or_path"], v["resume_from_checkpoint"]
-    if dataset and dataset not in own.get("dataset", ()) and not (Path(dataset) / "train.jsonl").is_file():
-        yield f"dataset={dataset}: no train.jsonl there (a folder like GSM8K's, or leave it unset)"
+    if dataset and dataset not in own.get("dataset", ()) and not split_files(dataset, "train"):
+        yield (
+            f"dataset={dataset}: no train.jsonl there, nor the Hub's main/train-*.parquet (a GSM8K copy in either "
+            "layout, or leave it unset)"
+        )
     folder = Path(model).expanduser()
     # A Hub id is `org/name`: a path with more parts, or under a folder that exists here, is a local path.
     looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or Path(*folder.parts[:1]).is_dir()

@@ -56,7 +56,9 @@ def _option(default, help_text: str, **metadata):
 class RunArguments:
     """What to run, on which data, and how to measure it."""
 
-    dataset: str | None = _option(None, "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k")
+    dataset: str | None = _option(
+        None, "Folder with GSM8K's train.jsonl/test.jsonl, or the Hub's main/*.parquet; default: the Hub's openai/gsm8k"
+    )
     # The recipe's constants give these their defaults (MAX_PROMPT_TOKENS, REASONING_TAG, ANSWER_TAG).
     max_prompt_tokens: int = _option(None, "Longer prompts are dropped")
     reasoning_tag: str = _option(
