@@ -133,7 +133,7 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(path.read_text(encoding="utf-8"))  # libyaml: faster
         try:
             node = loader.get_single_node()  # aliases not yet expanded: a 400-byte file can stand for 10**9 values
-            if node is not None and (n := _expanded(node, {})) > MAX_YAML_VALUES:
+            if node is not None and (n := _expanded(node)) > MAX_YAML_VALUES:
                 raise RecipeError(
                     f"--config {path}: its aliases (*name) expand to {n:,} values, and a settings file holds "
                     f"hundreds: write the settings out (at most {MAX_YAML_VALUES:,} values)"
@@ -169,15 +169,21 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
     return argv[:i] + argv[i + 2 :], values, path
 
 
-def _expanded(node, sizes: dict) -> int:
-    """How many values a YAML node stands for once its aliases are expanded (an alias counts its anchor's each time)."""
-    if id(node) not in sizes:
-        sizes[id(node)] = 1  # a node inside itself (a recursive anchor) counts once
+def _expanded(root) -> int:
+    """How many values a YAML node stands for once its aliases are expanded (an alias counts its anchor's each time);
+    without recursion, so that nesting as deep as the parser reads is counted too."""
+    sizes, stack = {}, [(root, False)]
+    while stack:
+        node, counted = stack.pop()
         children = node.value if isinstance(node, yaml.SequenceNode) else ()
         if isinstance(node, yaml.MappingNode):
             children = [child for pair in node.value for child in pair]
-        sizes[id(node)] = 1 + sum(_expanded(child, sizes) for child in children)
-    return sizes[id(node)]
+        if counted:  # its children are
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+        elif id(node) not in sizes:
+            sizes[id(node)] = 1  # until counted: a node inside itself (a recursive anchor) counts once
+            stack += [(node, True), *((child, False) for child in children)]
+    return sizes[id(root)]
 
 
 def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:

@@ -174,6 +174,8 @@ def test_a_config_file_whose_aliases_expand_past_any_settings_file_is_refused(tm
     (tmp_path / "aliases.yaml").write_text("learning_rate: &rate 2.0e-6\nweight_decay: *rate\n")  # aliases are read
     chosen = resolved(["--config", str(tmp_path / "aliases.yaml")])
     assert (chosen.learning_rate, chosen.weight_decay) == (2e-6, 2e-6)
+    (tmp_path / "deep.yaml").write_text("learning_rate: " + "[" * 900 + "]" * 900 + "\n")  # counted, not recursed
+    assert "it takes one value, not a list" in refused(["--config", str(tmp_path / "deep.yaml")])
 
 
 @pytest.mark.parametrize(
