@@ -25,8 +25,8 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 # What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
 # that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
-# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code, and CUDA_VISIBLE_DEVICES must reach accelerate launch, which
-# places its processes on GPUs before they read the file: those are set in the shell.
+# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code; CUDA_VISIBLE_DEVICES must reach accelerate launch, which places
+# its processes on GPUs before they read the file, and ACCELERATE_* are its own config's: those are set in the shell.
 CONFIG_ENV = {
     # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
     "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
