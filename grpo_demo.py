@@ -348,11 +348,11 @@ def weights_dtype(model_args, training_args) -> str:
 def main(argv: list[str] | None = None) -> None:
     """The recipe, from settings to a saved model. A run stopped early exits with the code that says how to go on;
     a setting, file or folder to fix raises `RecipeError` with the message that says how."""
+    run, training_args, model_args = parse_settings(argv)  # first: checked, a --config's env: set, before any import
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
     from grpo_kit import checks, data, evaluation, health, models, online, plots, presets, runs, stopping
 
-    run, training_args, model_args = parse_settings(argv)  # checked in the first seconds, before anything loads
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
     fmt, rewards = answer_format(tags), reward_funcs(tags)
     if not (run.eval_only or run.ask) and training_args.process_index == 0:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpo_kit import RecipeError, runs
+from grpo_kit.data import split_files
 from grpo_kit.models import GPU_EXTRAS, cuda_available, installed_version, world_size, zero_stage
 from grpo_kit.smoke import TINY_MODELS
 
@@ -125,8 +126,11 @@ def groups_and_rewards(v: dict, n_rewards: int) -> Iterator[str]:
 
 def local_paths(v: dict, own: dict) -> Iterator[str]:
     dataset, model, resume = v["dataset"], v["model_name_or_path"], v["resume_from_checkpoint"]
-    if dataset and dataset not in own.get("dataset", ()) and not (Path(dataset) / "train.jsonl").is_file():
-        yield f"dataset={dataset}: no train.jsonl there (a folder like GSM8K's, or leave it unset)"
+    if dataset and dataset not in own.get("dataset", ()) and not split_files(dataset, "train"):
+        yield (
+            f"dataset={dataset}: no train.jsonl there, nor the Hub's main/train-*.parquet (a GSM8K copy in either "
+            "layout, or leave it unset)"
+        )
     folder = Path(model).expanduser()
     # A Hub id is `org/name`: a path with more parts, or under a folder that exists here, is a local path.
     looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or Path(*folder.parts[:1]).is_dir()
@@ -149,12 +153,15 @@ def local_paths(v: dict, own: dict) -> Iterator[str]:
 
 
 def output_folder(v: dict, own: dict) -> Iterator[str]:
-    """The output folder can be made and written: not empty, not a file, on a writable disk; and a training run
-    never writes over another run's files or checkpoints (a preset restarts its own folder)."""
+    """The output folder can be made and written: not empty, not a file, on a writable disk; a training run never
+    writes over another run's files or checkpoints (a preset restarts its own folder), and an evaluation is written
+    only beside a run or a model (--ask writes nothing)."""
     output_dir = v["output_dir"]
     path = Path(output_dir).expanduser()
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     training_in = runs.trains(v) and path.is_dir()
+    evaluating_in = v["eval_only"] and path.is_dir()
+    a_model = any((path / name).is_file() for name in ("config.json", "adapter_config.json"))
     if not output_dir or not str(output_dir).strip():
         yield "output_dir is empty: name a folder for checkpoints and results (--output_dir outputs/my-run)"
     elif path.exists() and not path.is_dir():
@@ -163,13 +170,14 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
         yield f"output_dir={output_dir}: {existing} cannot be written to: choose another --output_dir"
     elif training_in and path.resolve() == Path(v["model_name_or_path"]).expanduser().resolve():
         yield f"output_dir={output_dir} is the start model's folder: training would overwrite it; choose another"
-    elif training_in and not (path / "run_record.json").is_file():
+    elif (training_in or (evaluating_in and not a_model)) and not (path / "run_record.json").is_file():
         # Without a run record, only what a run alone makes (checkpoints, evaluations): not a model, not notes.
         others = sorted(p.name for p in path.iterdir() if not any(p.match(x) for x in runs.RUN_ONLY_ENTRIES))
+        whose, why = ("a run's", "which a run would write over") if training_in else ("a run's or a model's", "")
         if others:
             yield (
-                f"output_dir={output_dir} holds files that are not a run's ({', '.join(others[:5])}"
-                f"{', ...' if len(others) > 5 else ''}), which a run would write over: choose another --output_dir"
+                f"output_dir={output_dir} holds files that are not {whose} ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}){why and ', ' + why}: choose another --output_dir"
             )
     found = runs.checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
     if found and runs.trains(v) and not v["resume_from_checkpoint"] and output_dir not in own.get("output_dir", ()):

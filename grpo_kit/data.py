@@ -37,17 +37,43 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, dict]], dict[str, list[int]]
     return rows, bad
 
 
+def split_files(dataset_dir: str | Path, split: str) -> list[Path]:
+    """The files of `split` in a local GSM8K copy: GSM8K's `<split>.jsonl`, or the Hub's parquet shards of its main
+    config (`main/<split>-00000-of-00001.parquet`; or in the folder itself, a copy of `main/`); [] when neither."""
+    folder = Path(dataset_dir)
+    if (path := folder / f"{split}.jsonl").is_file():
+        return [path]
+    shards = (sorted(where.glob(f"{split}-*.parquet")) for where in (folder / "main", folder))
+    return next((found for found in shards if found), [])
+
+
+def read_parquet(files: list[Path]) -> list[dict]:
+    """The rows of parquet shards, in order."""
+    import pyarrow.parquet
+
+    rows = []
+    for path in files:
+        try:
+            rows += pyarrow.parquet.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's errors for a cut or damaged file are of these kinds
+            raise RecipeError(f"{path}: cannot be read as parquet ({str(err).splitlines()[0][:200]})") from None
+    return rows
+
+
 def load_split(split: str, dataset_dir: str | None, hub_name: str, hub_config: str):
     """(rows, unreadable lines by reason, how row ids read) of GSM8K's `split`: (id, row) from a folder's
-    `<split>.jsonl` (ids: line numbers, "<split>.jsonl lines") or from the Hub (ids: row numbers)."""
+    `<split>.jsonl` (ids: line numbers, "<split>.jsonl lines"), its parquet shards or the Hub (ids: row numbers)."""
     from datasets import load_dataset
 
     if dataset_dir:
-        if not (path := Path(dataset_dir) / f"{split}.jsonl").is_file():
+        if not (files := split_files(dataset_dir, split)):
             raise RecipeError(
-                f"--dataset {dataset_dir}: no {path.name} there (expected GSM8K's train.jsonl / test.jsonl)"
+                f"--dataset {dataset_dir}: no {split}.jsonl there, nor the Hub's main/{split}-*.parquet (expected "
+                f"GSM8K's train.jsonl / test.jsonl, or the Hub's layout: main/{split}-00000-of-00001.parquet)"
             )
-        return (*read_jsonl(path), f"{path} lines")
+        if files[0].suffix == ".jsonl":
+            return (*read_jsonl(files[0]), f"{files[0]} lines")
+        return list(enumerate(read_parquet(files))), {}, f"{files[0].parent}/{split}-*.parquet rows"
     try:
         data = load_dataset(hub_name, hub_config, split=split)
     except Exception as err:  # the Hub is unreachable or the data set is not cached

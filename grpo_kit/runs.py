@@ -323,13 +323,16 @@ def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict
     """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
     settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
     now, record = datetime.now(UTC).isoformat(timespec="seconds"), read_run_record(output_dir) if resumed_from else None
-    facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware()}
+    from grpo_kit.settings import CONFIG_ENV  # the variables that change a run (a config file may set them)
+
+    environment = {name: os.environ[name] for name in sorted(CONFIG_ENV) if name in os.environ}
+    facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware(), "env": environment}
     if record is not None:
         record.setdefault("resumes", []).append({"at": now, "command": sys.argv, "from": resumed_from, **facts})
     else:
         plain = {name: a.to_dict() if hasattr(a, "to_dict") else dataclasses.asdict(a) for name, a in settings.items()}
         record = {"created": now, "command": sys.argv, "recipe": facts["recipe"], "seed": seed,
-                  "versions": facts["versions"], "hardware": facts["hardware"],
+                  "versions": facts["versions"], "hardware": facts["hardware"], "env": environment,
                   "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)}, "model": model,
                   "settings": plain}  # fmt: skip
     path = Path(output_dir) / RECORD_NAME

@@ -2,8 +2,9 @@
 YAML file (`--config`) on that, and the command line wins; then checked (`grpo_kit.checks`) before anything is
 loaded, and the values derived from them set (the checkpoint to resume, the attention that can run, offline mode).
 Any field of `RunArguments` (below), TRL's `GRPOConfig` or `ModelConfig` can be set either way. The YAML is read here,
-not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets
-environment variables, as TRL's does. Each default is declared once: the recipe's constants, passed in."""
+not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets the
+variables of `CONFIG_ENV` alone, before the libraries that read them are imported. Each default is declared once: the
+recipe's constants, passed in."""
 
 import argparse
 import logging
@@ -22,6 +23,21 @@ logger = logging.getLogger("grpo_demo")
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+# What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
+# that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
+# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code; CUDA_VISIBLE_DEVICES must reach accelerate launch, which places
+# its processes on GPUs before they read the file, and ACCELERATE_* are its own config's: those are set in the shell.
+CONFIG_ENV = {
+    # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
+    # wandb.init's settings, transformers' WandbCallback and online.configure_wandb read these when a run starts
+    "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS", "WANDB_NOTES", "WANDB_MODE",
+    "WANDB_DIR", "WANDB_LOG_MODEL", "WANDB_WATCH",
+    "TOKENIZERS_PARALLELISM",  # tokenizers reads it at each use
+    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
+    "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
+}  # fmt: skip
+MAX_YAML_VALUES = 100_000  # a settings file holds hundreds; aliases expanding past this are a "billion laughs"
 # GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
 MAPPING_SETTINGS = {
     "lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "liger_kernel_config",
@@ -40,7 +56,9 @@ def _option(default, help_text: str, **metadata):
 class RunArguments:
     """What to run, on which data, and how to measure it."""
 
-    dataset: str | None = _option(None, "Folder with GSM8K's train.jsonl/test.jsonl; default: the Hub's openai/gsm8k")
+    dataset: str | None = _option(
+        None, "Folder with GSM8K's train.jsonl/test.jsonl, or the Hub's main/*.parquet; default: the Hub's openai/gsm8k"
+    )
     # The recipe's constants give these their defaults (MAX_PROMPT_TOKENS, REASONING_TAG, ANSWER_TAG).
     max_prompt_tokens: int = _option(None, "Longer prompts are dropped")
     reasoning_tag: str = _option(
@@ -112,8 +130,17 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
     if not (path := Path(argv[i + 1])).is_file():
         raise RecipeError(f"--config {path}: no such file")
     try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where it is built in: far faster
-        values = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(path.read_text(encoding="utf-8"))  # libyaml: faster
+        try:
+            node = loader.get_single_node()  # aliases not yet expanded: a 400-byte file can stand for 10**9 values
+            if node is not None and (n := _expanded(node)) > MAX_YAML_VALUES:
+                raise RecipeError(
+                    f"--config {path}: its aliases (*name) expand to {n:,} values, and a settings file holds "
+                    f"hundreds: write the settings out (at most {MAX_YAML_VALUES:,} values)"
+                )
+            values = (loader.construct_document(node) if node is not None else None) or {}
+        finally:
+            loader.dispose()
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise RecipeError(f"--config {path}: not a readable YAML file ({str(err).splitlines()[0]})") from None
     if not isinstance(values, dict):
@@ -130,11 +157,33 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
             raise RecipeError(
                 f"--config {path}: env: {key} is set by accelerate launch / torchrun, not by a config file"
             )
+        if key not in CONFIG_ENV:
+            raise RecipeError(
+                f"--config {path}: env: {key} is not one a config file sets: set it in the shell instead "
+                f"({key}=... python {Path(sys.argv[0]).name} ...). A file's env: sets {', '.join(sorted(CONFIG_ENV))}"
+            )
         if apply_env:
             os.environ[str(key)] = str(value)
     if env and not apply_env:
         values["env"] = env  # kept, unapplied, for a file written from these values
     return argv[:i] + argv[i + 2 :], values, path
+
+
+def _expanded(root) -> int:
+    """How many values a YAML node stands for once its aliases are expanded (an alias counts its anchor's each time);
+    without recursion, so that nesting as deep as the parser reads is counted too."""
+    sizes, stack = {}, [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        children = node.value if isinstance(node, yaml.SequenceNode) else ()
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        if counted:  # its children are
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+        elif id(node) not in sizes:
+            sizes[id(node)] = 1  # until counted: a node inside itself (a recursive anchor) counts once
+            stack += [(node, True), *((child, False) for child in children)]
+    return sizes[id(root)]
 
 
 def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], dict, list[str]]:
@@ -194,8 +243,6 @@ def given_on_command_line(argv: list[str]) -> dict:
 def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
     """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
     order, checked: stops with one line per problem before anything is loaded."""
-    import torch
-
     logging.basicConfig(  # info from the main process, warnings only from the others
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
@@ -204,7 +251,9 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     # A byte that is not UTF-8 reaches Python's argv as a lone surrogate (surrogateescape): named as bytes.
     if bad := [arg for arg in argv if re.search(r"[\ud800-\udfff]", arg)]:
         raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
-    argv, yaml_values, config = read_config(argv)
+    argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
+    import torch
+
     chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
     preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
@@ -249,7 +298,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
 
 def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
-    run, training_args, model_args = _parser().parse_dict(resolve(argv, recipe_defaults, reward_funcs))
+    values = resolve(argv, recipe_defaults, reward_funcs)  # first: a config's env: is set before trl is imported
+    run, training_args, model_args = _parser().parse_dict(values)
     if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
         # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.
         model_args.lora_target_modules = [model_args.lora_target_modules]

@@ -7,6 +7,7 @@ import json
 import logging
 
 import pytest
+from conftest import refused, resolved
 
 import grpo_demo
 from grpo_kit import RecipeError, smoke
@@ -96,8 +97,45 @@ def test_lines_that_are_not_json_objects_are_counted_named_and_dropped(tmp_path,
 
 
 def test_a_folder_without_the_split_is_named(tmp_path):
-    with pytest.raises(RecipeError, match="--dataset .*: no test.jsonl there"):
+    with pytest.raises(RecipeError) as stop:
         grpo_demo.get_gsm8k_questions("test", write_rows(tmp_path / "d", BAD_ROWS))
+    assert str(stop.value) == (
+        f"--dataset {tmp_path / 'd'}: no test.jsonl there, nor the Hub's main/test-*.parquet (expected GSM8K's "
+        "train.jsonl / test.jsonl, or the Hub's layout: main/test-00000-of-00001.parquet)"
+    )
+
+
+def test_a_copy_in_the_hubs_parquet_layout_reads_as_the_jsonl_one(tmp_path, gsm8k_dir, monkeypatch):
+    """The Hub stores GSM8K as parquet shards, a folder per config: `main/` is read (and `main/` given itself)."""
+    import pyarrow
+    import pyarrow.parquet
+
+    hub = tmp_path / "gsm8k"
+    for config in ("main", "socratic"):
+        (hub / config).mkdir(parents=True)
+    for split in ("train", "test"):
+        rows = [json.loads(line) for line in (gsm8k_dir / f"{split}.jsonl").read_text().splitlines()]
+        shards = [rows[:10], rows[10:]] if split == "train" else [rows]  # several shards are read in order
+        for i, shard in enumerate(shards):
+            name = f"{split}-{i:05d}-of-{len(shards):05d}.parquet"
+            pyarrow.parquet.write_table(pyarrow.Table.from_pylist(shard), hub / "main" / name)
+        socratic = [{**row, "answer": "Step: " + row["answer"].replace("#### ", "#### 1")} for row in rows]
+        pyarrow.parquet.write_table(
+            pyarrow.Table.from_pylist(socratic), hub / "socratic" / f"{split}-00000-of-00001.parquet"
+        )
+        expected = grpo_demo.get_gsm8k_questions(split, str(gsm8k_dir)).to_list()
+        assert len(expected) == (64 if split == "train" else 32)
+        assert grpo_demo.get_gsm8k_questions(split, str(hub)).to_list() == expected
+        assert grpo_demo.get_gsm8k_questions(split, str(hub / "main")).to_list() == expected
+    monkeypatch.chdir(tmp_path)  # the default output folder, outputs/..., is made here
+    assert resolved(["--dataset", str(hub)]).dataset == str(hub)  # the settings' check finds it too
+    (tmp_path / "empty").mkdir()
+    message = refused(["--dataset", str(tmp_path / "empty")])
+    assert f"dataset={tmp_path / 'empty'}: no train.jsonl there, nor the Hub's main/train-*.parquet (a GSM8K" in message
+    (tmp_path / "cut" / "main").mkdir(parents=True)
+    (tmp_path / "cut" / "main" / "test-00000-of-00001.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(RecipeError, match=r"test-00000-of-00001.parquet: cannot be read as parquet \("):
+        grpo_demo.get_gsm8k_questions("test", str(tmp_path / "cut"))
 
 
 def test_the_smoke_problems_are_the_same_on_every_machine():

@@ -173,7 +173,7 @@ def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, 
     """Trials run `-- --config base.yaml --max_steps 3`: best.yaml holds the file's settings (its env: too), the
     command line's over them, the best trial's weights, the held-out rows; not a config: inside a config."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "base.yaml").write_text("demo: true\nmax_steps: 40\nlearning_rate: 1.0e-4\nenv:\n  MY_VARIABLE: x\n")
+    (tmp_path / "base.yaml").write_text("demo: true\nmax_steps: 40\nlearning_rate: 1.0e-4\nenv:\n  WANDB_TAGS: x\n")
     best = types.SimpleNamespace(user_attrs={"settings": {"reward_weights": [0.5, 1.0, 0.0, 2.0, 1.5]}})
     study = types.SimpleNamespace(best_trial=best)
     values = search.best_settings(study, ["--config=base.yaml", "--max_steps", "3", "--use_peft"], 256)
@@ -181,7 +181,7 @@ def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, 
         "demo": True,
         "max_steps": 3,
         "learning_rate": 1e-4,
-        "env": {"MY_VARIABLE": "x"},
+        "env": {"WANDB_TAGS": "x"},
         "use_peft": True,
         "reward_weights": [0.5, 1.0, 0.0, 2.0, 1.5],
         "validation_rows": 256,

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, refused, resolved
+from conftest import ROOT, offline_env, refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks
+from grpo_kit import RecipeError, checks, runs
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -74,18 +76,19 @@ def test_editing_the_model_constant_swaps_the_model_and_its_names(monkeypatch):
     )
 
 
-def test_yaml_overrides_defaults_and_the_command_line_overrides_yaml(tmp_path):
+def test_yaml_overrides_defaults_and_the_command_line_overrides_yaml(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_TAGS", raising=False)  # put back as it was after the test
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "model_name_or_path: meta-llama/Llama-3.2-1B-Instruct\nlearning_rate: 1.0e-6\nmax_steps: 7\nbeta: 0.04\n"
-        "env:\n  GRPO_TEST_VARIABLE: set-by-yaml\n"
+        "env:\n  WANDB_TAGS: set-by-yaml\n"
     )
     _, args, model_args = grpo_demo.parse_settings(["--config", str(recipe), "--max_steps", "9"])
     assert model_args.model_name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
     assert args.output_dir == "outputs/Llama-1B-GRPO"
     assert (args.learning_rate, args.beta, args.max_steps) == (1e-6, 0.04, 9)
     assert args.num_generations == 16  # untouched defaults stay the recipe's
-    assert __import__("os").environ.pop("GRPO_TEST_VARIABLE") == "set-by-yaml"
+    assert os.environ["WANDB_TAGS"] == "set-by-yaml"
 
 
 def test_an_explicit_output_dir_wins_over_the_model_name_and_a_preset():
@@ -156,6 +159,78 @@ def test_the_tiny_model_is_checked_and_named_in_yaml_too(tmp_path, caplog):
 def test_a_bad_config_file_is_named(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     assert message.format(path=tmp_path / "bad.yaml") in refused(["--config", str(tmp_path / "bad.yaml")])
+
+
+def test_a_config_file_whose_aliases_expand_past_any_settings_file_is_refused(tmp_path):
+    """A "billion laughs": each anchor lists the one before ten times. This one stands for 1.2 million values
+    (harmless even unguarded: a few MB); 9 levels of 9 in 330 bytes stand for 490 million."""
+    anchors = ["&a [" + ",".join(["lol"] * 10) + "]"]
+    anchors += [f"&{level} [" + ",".join([f"*{chr(ord(level) - 1)}"] * 10) + "]" for level in "bcdef"]
+    (tmp_path / "bomb.yaml").write_text(f"lora_target_modules: [{', '.join(anchors)}]\n")
+    assert (
+        f"--config {tmp_path / 'bomb.yaml'}: its aliases (*name) expand to 1,234,569 values, and a settings file "
+        "holds hundreds: write the settings out (at most 100,000 values)"
+    ) in refused(["--config", str(tmp_path / "bomb.yaml")])
+    (tmp_path / "aliases.yaml").write_text("learning_rate: &rate 2.0e-6\nweight_decay: *rate\n")  # aliases are read
+    chosen = resolved(["--config", str(tmp_path / "aliases.yaml")])
+    assert (chosen.learning_rate, chosen.weight_decay) == (2e-6, 2e-6)
+    (tmp_path / "deep.yaml").write_text("learning_rate: " + "[" * 900 + "]" * 900 + "\n")  # counted, not recursed
+    assert "it takes one value, not a list" in refused(["--config", str(tmp_path / "deep.yaml")])
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        # git runs core.fsmonitor's command on `git status`, which the run record calls
+        {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "touch {mark}; false"},
+        {"PATH": "{tmp}"},
+        {"LD_PRELOAD": "{tmp}/evil.so"},
+        {"ACCELERATE_USE_DEEPSPEED": "true"},  # without deepspeed installed: a traceback, once
+    ],
+)
+def test_a_config_files_env_cannot_set_a_variable_that_runs_code(tmp_path, monkeypatch, env):
+    mark = tmp_path / "ran"
+    env = {key: value.format(mark=mark, tmp=tmp_path) for key, value in env.items()}
+    for key in env:  # whatever happens, the test's own environment is put back
+        monkeypatch.setenv(key, os.environ[key]) if key in os.environ else monkeypatch.delenv(key, raising=False)
+    (tmp_path / "c.yaml").write_text("max_steps: 3\nenv:\n" + "".join(f"  {k}: {v!r}\n" for k, v in env.items()))
+    message = refused(["--config", str(tmp_path / "c.yaml")])
+    first = next(iter(env))
+    assert f"--config {tmp_path / 'c.yaml'}: env: {first} is not one a config file sets: set it in the shell" in message
+    assert "HF_HOME" in message and "WANDB_PROJECT" in message  # what it can set
+    assert all(os.environ.get(key) != value for key, value in env.items())
+    assert len(runs.recipe_commit()["commit"] or "") == 40 and not mark.exists()  # git ran, and ran nothing else
+
+
+def test_a_config_files_env_is_set_before_the_libraries_read_it_and_recorded(tmp_path, monkeypatch):
+    """HF_HOME is read once, when huggingface_hub is imported: the config's env: is set before the recipe imports
+    it (or trl, transformers, datasets), so that the file's cache folder is the one used."""
+    (tmp_path / "c.yaml").write_text(f"max_steps: 0\nenv:\n  HF_HOME: {tmp_path / 'hub-home'}\n  WANDB_TAGS: a,b\n")
+    code = (
+        "import grpo_demo, sys\nfrom grpo_kit import RecipeError\n"
+        "try:\n    grpo_demo.main(['--config', sys.argv[1]])\nexcept RecipeError as err:\n    print(err)\n"
+        "import datasets.config, huggingface_hub.constants\n"
+        "print(huggingface_hub.constants.HF_HOME, datasets.config.HF_DATASETS_CACHE)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c.yaml")],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),  # HF_HOME=<tmp>/hf in the shell
+        capture_output=True,
+        text=True,
+    )
+    assert "max_steps=0, num_train_epochs=1: this run would train nothing" in done.stdout, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == f"{tmp_path / 'hub-home'} {tmp_path / 'hub-home' / 'datasets'}"
+    # What the run record says of it
+    from datasets import Dataset
+
+    monkeypatch.setenv("WANDB_TAGS", "a,b")
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    rows = Dataset.from_list([{"prompt": "p", "answer": "1"}])
+    record = runs.write_run_record(tmp_path / "run", {}, rows, seed=1)
+    assert record["env"]["WANDB_TAGS"] == "a,b" and "HF_DATASETS_CACHE" not in record["env"]
+    assert json.loads((tmp_path / "run" / "run_record.json").read_text())["env"] == record["env"]
+    assert not {"PATH", "HOME"} & record["env"].keys()  # only what a config file could set
 
 
 def test_yaml_values_are_typed_as_the_command_line_types_them(tmp_path):
@@ -280,6 +355,23 @@ def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
     chosen = resolved(["--eval_only", "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "mine")])
     assert chosen.output_dir == str(tmp_path / "mine")  # unless told otherwise
     assert resolved(["--eval_only"]).output_dir == "outputs/Qwen-1.5B-GRPO"  # a Hub model: the run's folder
+
+
+def test_eval_only_writes_only_beside_a_run_or_a_model(tmp_path, monkeypatch, tiny_dir):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("my notes")
+    for folder in (str(tmp_path / "project"), "/etc", "/"):
+        assert f"output_dir={folder} holds files that are not a run's or a model's (" in refused(
+            ["--eval_only", "--model_name_or_path", str(tiny_dir), "--output_dir", folder]
+        )
+    assert "(notes.txt): choose another --output_dir" in refused(["--eval_only", "--output_dir", f"{tmp_path}/project"])
+    (tmp_path / "evaluated" / "eval").mkdir(parents=True)
+    for folder in (tiny_dir, tmp_path / "new", tmp_path / "evaluated"):  # the model's own, a new one, an evaluation's
+        chosen = resolved(["--eval_only", "--model_name_or_path", str(tiny_dir), "--output_dir", str(folder)])
+        assert chosen.output_dir == str(folder)
+    monkeypatch.setattr(checks.os, "access", lambda path, mode: Path(path) != tmp_path / "evaluated")  # as if mode 500
+    message = refused(["--eval_only", "--output_dir", str(tmp_path / "evaluated")])
+    assert f"output_dir={tmp_path / 'evaluated'}: {tmp_path / 'evaluated'} cannot be written to" in message
 
 
 def test_training_into_a_folder_of_other_files_or_the_start_model_is_refused(tmp_path, tiny_dir):
