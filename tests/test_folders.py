@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, offline_env
 
-from grpo_kit import RecipeError, runs
+from grpo_kit import RecipeError, presets, runs
 
 
 def write_lock(folder, pid: int, host: str | None = None) -> None:
@@ -103,6 +105,85 @@ def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
     write_lock(folder, os.getpid())
     runs.clear_preset_folder(folder, "smoke")
     assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # its own lock stays
+
+
+def a_smoke_runs_folder(folder):
+    """A folder as a --smoke run leaves it, file by file (wandb's offline run too)."""
+    wandb_run = "wandb/offline-run-20261201_234724-d4dykqdh"
+    written = [
+        "run_record.json", "trainer_state.json", "model.safetensors", "config.json", "README.md", "curves.png",
+        "checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt", "checkpoint-2/rng_state.pth",
+        "checkpoint-2/trainer_state.json", "completions/completions_00001.parquet", "eval/baseline/summary.json",
+        "eval/final/completions.jsonl", "eval/comparison.json", f"{wandb_run}/run-d4dykqdh.wandb",
+        f"{wandb_run}/files/media/table/completions_12_61ab9d893a727069f872.table.json", f"{wandb_run}/logs/debug.log",
+    ]  # fmt: skip
+    for name in written:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("run")
+    (folder / f"{wandb_run}/tmp/code").mkdir(parents=True)
+    (folder / "wandb/latest-run").symlink_to(wandb_run.removeprefix("wandb/"))
+    (folder / "run_record.json").write_text(json.dumps({"settings": {"run": {"smoke": True}}}))
+
+
+def test_a_preset_keeps_a_users_files_at_any_depth_and_names_them(tmp_path):
+    folder = tmp_path / "smoke-GRPO"
+    a_smoke_runs_folder(folder)
+    users = ["checkpoint-best/model.safetensors", "eval/my_notes.txt", "wandb/my_export.csv", "checkpoint-2/notes.md"]
+    for name in users:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("mine")
+    with pytest.raises(RecipeError) as stop:
+        runs.clear_preset_folder(folder, "smoke")
+    assert str(stop.value) == (
+        f"--smoke starts afresh in {folder}, which holds files a --smoke run did not write: checkpoint-2/notes.md, "
+        "checkpoint-best/, eval/my_notes.txt, wandb/my_export.csv: move them, or give the preset another --output_dir"
+    )
+    assert all((folder / name).read_text() == "mine" for name in users)
+    assert (folder / "checkpoint-2/optimizer.pt").is_file()  # nothing cleared
+
+    for name in users:
+        (folder / name).unlink()
+    (folder / "checkpoint-best").rmdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (folder / "wandb/offline-run-20261201_234724-d4dykqdh/logs/debug-core.log").symlink_to(outside / "keep.txt")
+    write_lock(folder, os.getpid())
+    runs.clear_preset_folder(folder, "smoke")
+    assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # every file the run wrote, its folders too
+    assert (outside / "keep.txt").read_text() == "mine"  # a link is removed, never what it points to
+
+
+@pytest.mark.parametrize("setting", ["model_name_or_path", "dataset"])
+def test_a_preset_never_clears_what_its_run_reads(tmp_path, setting):
+    """`--smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-4`: a new run starting from the last one's end."""
+    folder = tmp_path / "smoke-GRPO"
+    a_smoke_runs_folder(folder)
+    start = folder / "checkpoint-2"
+    with pytest.raises(RecipeError) as stop:
+        runs.clear_preset_folder(folder, "smoke", {"model_name_or_path": None, setting: str(start)})
+    assert str(stop.value) == (
+        f"--smoke starts afresh in {folder}, clearing what its runs wrote there, and this run reads --{setting} "
+        f"{start} inside it: copy that out of {folder} first, or give the preset another --output_dir"
+    )
+    assert (start / "model.safetensors").read_text() == "run" and (folder / "run_record.json").is_file()
+    runs.clear_preset_folder(folder, "smoke", {setting: str(tmp_path / "smoke-GRPO-start")})  # elsewhere: cleared
+    assert not folder.exists() or not any(folder.iterdir())
+
+
+def test_smoke_from_a_checkpoint_of_its_own_folder_is_refused_and_the_checkpoint_kept(tmp_path, monkeypatch):
+    """`python grpo_demo.py --smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-2`, as the recipe prepares it."""
+    monkeypatch.chdir(tmp_path)
+    a_smoke_runs_folder(tmp_path / "outputs/smoke-GRPO")
+    start = "outputs/smoke-GRPO/checkpoint-2"
+    run = SimpleNamespace(smoke=True, demo=False, eval_only=False, ask=None, dataset=presets.smoke.DATA_DIR)
+    training_args = SimpleNamespace(
+        output_dir="outputs/smoke-GRPO", resume_from_checkpoint=None, process_index=0, seed=42,
+        main_process_first=lambda **kwargs: contextlib.nullcontext(),
+    )  # fmt: skip
+    with pytest.raises(RecipeError, match=f"this run reads --model_name_or_path {start} inside it: copy that out"):
+        presets.prepare(run, training_args, SimpleNamespace(model_name_or_path=start), None)
+    assert (tmp_path / start / "model.safetensors").read_text() == "run"
 
 
 def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, caplog):
