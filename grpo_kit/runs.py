@@ -10,6 +10,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -187,6 +188,38 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
     found = [p for p in Path(output_dir).glob("checkpoint-*") if CHECKPOINT.fullmatch(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def rotate_checkpoints(output_dir: str | Path, limit: int | None, keep: tuple[str | None, ...] = ()) -> None:
+    """Keep the newest `limit` checkpoints of `output_dir` (those in `keep` too: the one just saved, the best one):
+    transformers' rotation, but of the `checkpoint-N` folders alone (its pattern, `.*checkpoint-([0-9]+)`, also
+    takes a user's `checkpoint-2-keep`), by step (not by modification time, which a copy changes), links left."""
+    if not limit or limit <= 0:
+        return
+    found, keep = [p for p in checkpoint_folders(output_dir) if not p.is_symlink()], {Path(p) for p in keep if p}
+    kept = [p for p in found if any(p.samefile(k) for k in keep if k.exists())]
+    for folder in [p for p in found if p not in kept][: max(len(found) - max(limit, len(kept)), 0)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def rotate_own_checkpoints(trainer) -> None:
+    """Rotate `trainer`'s checkpoints by `rotate_checkpoints` (after each save, `save_total_limit` read then) instead
+    of by its own rotation, which is switched off while it saves."""
+    save = trainer._save_checkpoint
+
+    def save_then_rotate(model, trial):
+        args = trainer.args
+        limit, args.save_total_limit = args.save_total_limit, None  # the trainer's rotation: nothing to do
+        try:
+            save(model, trial)
+        finally:
+            args.save_total_limit = limit
+        if args.should_save:
+            output_dir = trainer._get_output_dir(trial=trial)
+            just_saved = Path(output_dir) / f"checkpoint-{trainer.state.global_step}"
+            rotate_checkpoints(output_dir, limit, (str(just_saved), trainer.state.best_model_checkpoint))
+
+    trainer._save_checkpoint = save_then_rotate
 
 
 def missing_parts(checkpoint: str | Path) -> list[str]:
@@ -394,9 +427,11 @@ def model_facts(model) -> dict:
 
 
 def start(trainer, settings: dict, dataset) -> dict | None:
-    """Write the run record (main process), link it from wandb, and note peak GPU memory into it at the end."""
+    """Rotate the trainer's checkpoints by `rotate_checkpoints`; write the run record (main process), link it from
+    wandb, and note peak GPU memory into it at the end."""
     from transformers import TrainerCallback
 
+    rotate_own_checkpoints(trainer)
     args = trainer.args
     if not trainer.accelerator.is_main_process:
         return None

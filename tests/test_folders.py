@@ -11,6 +11,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
+import transformers.trainer_utils
 from conftest import ROOT, offline_env
 
 from grpo_kit import RecipeError, presets, runs
@@ -209,3 +211,59 @@ def test_a_full_disk_is_told_from_other_errors():
     except ValueError as err:
         assert runs.disk_full(err)
     assert not runs.disk_full(OSError(errno.EACCES, "Permission denied"))
+
+
+class Line(torch.nn.Module):
+    """The smallest model a Trainer trains: y = w x + b, its loss returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.line = torch.nn.Linear(1, 1)
+
+    def forward(self, x, labels=None):
+        return {"loss": ((self.line(x) - labels) ** 2).mean()}
+
+
+def test_checkpoint_rotation_removes_only_the_runs_checkpoints(tmp_path):
+    """A real trainer's rotation (save_total_limit 2): a user's `checkpoint-2-keep` and `checkpoint-best` stay; of
+    the run's checkpoints, the newest two."""
+    from transformers import Trainer, TrainingArguments
+
+    out = tmp_path / "run"
+    users = [out / "checkpoint-2-keep", out / "checkpoint-best"]
+    for folder in users:
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_text("mine")
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=4, save_steps=1, save_total_limit=2, per_device_train_batch_size=2,
+        report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no",
+    )  # fmt: skip
+    rows = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
+    trainer = Trainer(model=Line(), args=args, train_dataset=rows)
+    runs.rotate_own_checkpoints(trainer)
+    trainer.train()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint-2-keep", "checkpoint-3", "checkpoint-4", "checkpoint-best",
+    ]  # fmt: skip
+    assert all((folder / "model.safetensors").read_text() == "mine" for folder in users)
+
+
+def test_every_process_of_a_run_rotates_so(tmp_path):
+    """`runs.start`, which every process of a run calls, puts the rotation in place (on a process that writes no
+    run record too)."""
+    out = tmp_path / "run"
+    (out / "checkpoint-1-keep").mkdir(parents=True)
+    state = SimpleNamespace(global_step=0, best_model_checkpoint=None)
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=1, should_save=True)
+
+    def save(model, trial):  # the trainer's save, its rotation included
+        (out / f"checkpoint-{state.global_step}").mkdir()
+        if args.save_total_limit:
+            transformers.trainer_utils.rotate_checkpoints(str(out), args.save_total_limit, use_mtime=True)
+
+    trainer = SimpleNamespace(args=args, state=state, accelerator=SimpleNamespace(is_main_process=False))
+    trainer._save_checkpoint, trainer._get_output_dir = save, lambda trial: str(out)
+    assert runs.start(trainer, {}, None) is None
+    for state.global_step in (1, 2):
+        trainer._save_checkpoint(None, None)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1-keep", "checkpoint-2"]
