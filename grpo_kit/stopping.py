@@ -4,14 +4,16 @@ The step in progress finishes; every process stops after the same step (a reduct
 saves while another waits in a collective), saved as a checkpoint where its weights are sound; the run writes its
 state and curves, says why it stopped and what to do next, and exits with a code that tells a script the same
 (`EXIT_*`). Non-finite values are `health.py`'s to stop on; SIGTERM, SIGUSR1 (a scheduler before a time limit or
-preemption; `kill`) and Ctrl-C are `on_signals`'s: what each does is said where it is handled (and in README.md)."""
+preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
+is said where it is handled (and in README.md)."""
 
 import logging
 import os
+import select
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import torch
 from transformers import TrainerCallback
@@ -19,9 +21,9 @@ from transformers import TrainerCallback
 logger = logging.getLogger("grpo_demo")
 
 EXIT_NOT_FINITE = 3  # a run stopped on a non-finite loss or gradient: neither success (0) nor a crash (1)
-EXIT_STOPPED = 75  # stopped on SIGTERM or SIGUSR1 with a checkpoint of its step: resume it (EX_TEMPFAIL)
+EXIT_STOPPED = 75  # stopped on SIGTERM, SIGUSR1 or SIGHUP with a checkpoint of its step: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C, the shells' 128 + SIGINT
-SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # the order of the flags every process reduces
+SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags every process reduces
 
 
 class EarlyStop(TrainerCallback):
@@ -57,7 +59,8 @@ def exit_code(*stops: EarlyStop) -> int:
 
 
 class StopOnSignal(EarlyStop):
-    """SIGTERM, SIGUSR1 and Ctrl-C: the step in progress finishes and is saved, then the run stops (module docstring).
+    """SIGTERM, SIGUSR1, SIGHUP and Ctrl-C: the step in progress finishes and is saved, then the run stops (module
+    docstring).
     `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two instructions);
     `on_step_end` reduces the notes of every process, so that all stop after the same step."""
 
@@ -75,9 +78,7 @@ class StopOnSignal(EarlyStop):
             return  # the same request again: Slurm signals every process, and accelerate launch passes it on too
         self.received = name
         if self.say:
-            # os.write, not print or logging: a handler writing to a buffered stream that the main thread is in the
-            # middle of writing to raises "reentrant call".
-            os.write(sys.stderr.fileno(), f"\n{self.plan(name)}\n".encode())
+            say_or_detach(f"\n{self.plan(name)}\n")
 
     def plan(self, name: str) -> str:
         """What the run does on stop signal `name`, as said when it comes."""
@@ -118,9 +119,26 @@ class StopOnSignal(EarlyStop):
         return [name for name, flag in zip(SIGNALS, flags.tolist(), strict=True) if flag]
 
 
+def say_or_detach(text: str) -> None:
+    """Write `text` to stderr. Where stdout or stderr is gone (a hangup: a closed window or a lost ssh connection
+    takes the terminal, and a pipe's reader such as `| tee` with it), it is first pointed at os.devnull: the run's
+    next lines (the progress bar, the logs) would fail it before its checkpoint is saved. os.write, not print or
+    logging: a handler writing to a buffered stream that the main thread is in the middle of writing to raises
+    "reentrant call"."""
+    for fd in (1, 2) if hasattr(select, "poll") else ():  # stdout, stderr
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poll.poll(0)):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+    with suppress(OSError):  # no stderr to write to: the signal is handled all the same
+        os.write(sys.stderr.fileno(), text.encode())
+
+
 @contextmanager
 def on_signals(trainer):
-    """Within this block SIGTERM, SIGUSR1 and Ctrl-C stop `trainer`'s run after the step in progress, with its
+    """Within this block SIGTERM, SIGUSR1, SIGHUP and Ctrl-C stop `trainer`'s run after the step in progress, with its
     checkpoint (see the module docstring); the handlers before it are put back after it. A signal the process was
     started ignoring (nohup, a shell's background job) stays ignored, as Python leaves an ignored Ctrl-C."""
     stop = StopOnSignal(trainer)
@@ -128,7 +146,7 @@ def on_signals(trainer):
     previous = {}
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
         for name in SIGNALS:
-            number = getattr(signal, name, None)  # no SIGUSR1 on Windows
+            number = getattr(signal, name, None)  # no SIGUSR1 or SIGHUP on Windows
             if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
                 previous[number] = signal.signal(number, stop.receive)
     try:

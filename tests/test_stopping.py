@@ -1,6 +1,6 @@
-"""Stopping early on a signal: SIGTERM, SIGUSR1 (what Slurm sends before a time limit or preemption) and Ctrl-C let
-the step in progress finish, save it and stop with an exit code that says what to do next; a second Ctrl-C stops at
-once. Whole runs that stop and resume (one process and two) are in test_runs.py."""
+"""Stopping early on a signal: SIGTERM, SIGUSR1 (what Slurm sends before a time limit or preemption), SIGHUP (a closed
+terminal) and Ctrl-C let the step in progress finish, save it and stop with an exit code that says what to do next; a
+second Ctrl-C stops at once. Whole runs that stop and resume (one process and two) are in test_runs.py."""
 
 from __future__ import annotations
 
@@ -95,6 +95,7 @@ def stop_after(sent: list[str], step: int = 5, max_steps: int = 10):
     [
         ("SIGTERM", "SIGTERM: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),
         ("SIGUSR1", "SIGUSR1: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),
+        ("SIGHUP", "SIGHUP: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),  # a closed terminal
         ("SIGINT", "Ctrl-C: finishing step 5 of 10, saving it, then stopping (exit 130); Ctrl-C again stops at", 130),
     ],
 )
@@ -106,6 +107,31 @@ def test_a_stop_signal_saves_the_step_in_progress_then_exits_with_its_code(name,
         assert stopping.exit_code(stop) == code
     what = "Ctrl-C (SIGINT)" if name == "SIGINT" else name
     assert f"Stopped at step 5: {what} received. Saved: checkpoint-5. --resume_from_checkpoint latest" in caplog.text
+
+
+def test_a_hangup_that_took_the_terminal_still_saves_the_step_and_exits_75():
+    """A closed terminal window or a lost ssh connection: SIGHUP, and writing to the terminal (or to `| tee`, gone
+    with it) fails from then on. The run goes on to save its step (its output to os.devnull), then exits 75."""
+    import pty
+
+    kept = {fd: os.dup(fd) for fd in (1, 2)}
+    terminal, screen = pty.openpty()
+    reader, pipe = os.pipe()
+    try:
+        os.dup2(screen, 2)  # stderr on the terminal, stdout through a pipe
+        os.dup2(pipe, 1)
+        os.close(terminal)  # the window closed: the terminal hangs up
+        os.close(reader)  # and `| tee` ended with it
+        stop, control = stop_after(["SIGHUP"])
+        assert os.write(1, b"progress bar") and os.write(2, b"log line")  # the run's next lines: no error
+    finally:
+        for fd, copy in kept.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(screen)
+        os.close(pipe)
+    assert control.should_save and control.should_training_stop
+    assert stopping.exit_code(stop) == 75
 
 
 def test_the_same_request_again_is_one_stop(capfd):
