@@ -29,7 +29,7 @@ def ctrl_c_as_from_a_terminal():
     signal.signal(signal.SIGINT, before)
 
 
-def fake_trainer(state: TrainerState):
+def fake_trainer(state: TrainerState, save_only_model: bool = False):
     return SimpleNamespace(
         accelerator=SimpleNamespace(
             is_main_process=True, is_local_main_process=True, device=torch.device("cpu"), wait_for_everyone=lambda: None
@@ -37,6 +37,7 @@ def fake_trainer(state: TrainerState):
         callback_handler=SimpleNamespace(callbacks=[]),
         state=state,
         model=SimpleNamespace(),
+        args=SimpleNamespace(output_dir="outputs/run", save_only_model=save_only_model),
     )
 
 
@@ -75,11 +76,11 @@ def in_two_processes(target, tmp_path, timeout: float = 60) -> list:
     return [returned[0], returned[1]]
 
 
-def stop_after(sent: list[str], step: int = 5, max_steps: int = 10):
+def stop_after(sent: list[str], step: int = 5, max_steps: int = 10, save_only_model: bool = False):
     """Step `step` of `max_steps` as the trainer runs it, `sent` signals arriving in its middle: (the callback, the
     trainer's control after the step)."""
     state, control = TrainerState(global_step=step - 1, max_steps=max_steps), TrainerControl()
-    trainer = fake_trainer(state)
+    trainer = fake_trainer(state, save_only_model)
     with stopping.on_signals(trainer) as stop:
         stop.on_train_begin(None, state, control)
         for name in sent:
@@ -132,6 +133,26 @@ def test_a_hangup_that_took_the_terminal_still_saves_the_step_and_exits_75():
         os.close(pipe)
     assert control.should_save and control.should_training_stop
     assert stopping.exit_code(stop) == 75
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 1), ("SIGUSR1", 1), ("SIGHUP", 1), ("SIGINT", 130)])
+def test_a_stop_under_save_only_model_says_it_cannot_be_resumed_and_exits_not_75(name, code, capfd, caplog):
+    """--save_only_model saves no optimizer state: a resume would skip the checkpoint and start from step 0, so a
+    supervisor retrying on 75 would never get further. Said as the run starts, when the signal comes and at the stop."""
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        stop, control = stop_after([name], save_only_model=True)
+        assert control.should_save and control.should_training_stop  # the step's model is saved all the same
+        assert stopping.exit_code(stop) == code
+    model_only = (
+        "--save_only_model true: checkpoints hold the model alone, no optimizer state, so a stopped or crashed run "
+        "cannot be resumed"
+    )
+    assert f"{model_only}: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75" in caplog.text
+    assert f"saving it, then stopping (exit {code})" in capfd.readouterr().err
+    assert caplog.text.rstrip().endswith(
+        f"Saved: checkpoint-5. {model_only}: --model_name_or_path outputs/run/checkpoint-5 starts a new run from "
+        "its weights"
+    )
 
 
 def test_the_same_request_again_is_one_stop(capfd):
