@@ -75,9 +75,8 @@ def exit_code(*stops: EarlyStop) -> int:
 
 class StopOnSignal(EarlyStop):
     """SIGTERM, SIGUSR1, SIGHUP and Ctrl-C: the step in progress finishes and is saved, then the run stops (module
-    docstring).
-    `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two instructions);
-    `on_step_end` reduces the notes of every process, so that all stop after the same step."""
+    docstring). `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two
+    instructions); `on_step_end` reduces the notes of every process, so that all stop after the same step."""
 
     def __init__(self, trainer):
         super().__init__(trainer)
@@ -92,8 +91,7 @@ class StopOnSignal(EarlyStop):
                 raise KeyboardInterrupt  # a second Ctrl-C, or a launcher's SIGTERM on one: at once, no checkpoint
             return  # the same request again: Slurm signals every process, and accelerate launch passes it on too
         self.received = name
-        if self.say:
-            say_or_detach(f"\n{self.plan(name)}\n")
+        say_or_detach(f"\n{self.plan(name)}\n" if self.say else "")  # every process: each writes to the terminal
 
     def plan(self, name: str) -> str:
         """What the run does on stop signal `name`, as said when it comes."""
@@ -136,11 +134,11 @@ class StopOnSignal(EarlyStop):
 
 
 def say_or_detach(text: str) -> None:
-    """Write `text` to stderr. Where stdout or stderr is gone (a hangup: a closed window or a lost ssh connection
-    takes the terminal, and a pipe's reader such as `| tee` with it), it is first pointed at os.devnull: the run's
-    next lines (the progress bar, the logs) would fail it before its checkpoint is saved. os.write, not print or
-    logging: a handler writing to a buffered stream that the main thread is in the middle of writing to raises
-    "reentrant call"."""
+    """Write `text` (if any) to stderr. Where stdout or stderr is gone (a hangup: a closed window or a lost ssh
+    connection takes the terminal, and a pipe's reader such as `| tee` with it), it is first pointed at os.devnull:
+    the run's next lines (the progress bar, the logs) would fail it before its checkpoint is saved. os.write, not
+    print or logging: a handler writing to a buffered stream that the main thread is in the middle of writing to
+    raises "reentrant call"."""
     for fd in (1, 2) if hasattr(select, "poll") else ():  # stdout, stderr
         poll = select.poll()
         poll.register(fd, select.POLLOUT)
@@ -149,7 +147,8 @@ def say_or_detach(text: str) -> None:
             os.dup2(null, fd)
             os.close(null)
     with suppress(OSError):  # no stderr to write to: the signal is handled all the same
-        os.write(sys.stderr.fileno(), text.encode())
+        if text:
+            os.write(sys.stderr.fileno(), text.encode())
 
 
 @contextmanager
