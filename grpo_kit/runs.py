@@ -48,6 +48,7 @@ RUN_FOLDERS = re.compile(
     r"|wandb(/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+(/.+)?)?"
 )
 RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
+MODEL_ONLY_PARTS = ["optimizer.pt", "scheduler.pt", "rng_state.pth"]  # what a --save_only_model checkpoint lacks
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -302,6 +303,13 @@ def resume(values: dict) -> str | None:
         path = str(folders[newest]) if newest >= 0 else None
         for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
             logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
+        model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == MODEL_ONLY_PARTS]
+        if path is None and model_only and trains(values):  # a retry on a stop under --save_only_model
+            raise RecipeError(
+                f"--resume_from_checkpoint {asked}: {model_only[-1]} holds the model alone (--save_only_model true "
+                "saved no optimizer state): no run resumes from it, and a new run here would write over it. Start a "
+                f"new run from its weights: --model_name_or_path {model_only[-1]} --output_dir <another folder>"
+            )
         if path is None:
             logger.warning(
                 "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers.trainer_utils
-from conftest import ROOT, offline_env
+from conftest import ROOT, offline_env, refused
 
 from grpo_kit import RecipeError, presets, runs
 
@@ -267,3 +267,21 @@ def test_every_process_of_a_run_rotates_so(tmp_path):
     for state.global_step in (1, 2):
         trainer._save_checkpoint(None, None)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1-keep", "checkpoint-2"]
+
+
+def test_resuming_where_every_checkpoint_holds_the_model_alone_is_refused(tmp_path, single_process):
+    """A retry of a run stopped under --save_only_model (the Slurm script requeues one): no checkpoint resumes, and
+    starting afresh would rotate the saved models out; it stops, naming the one to start a new run from."""
+    from safetensors.torch import save_file
+
+    out = tmp_path / "outputs/model-only"
+    for step in (2, 3):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}/trainer_state.json").write_text(json.dumps({"global_step": step}))
+        save_file({"w": torch.zeros(4)}, out / f"checkpoint-{step}/model.safetensors")
+    newest = "outputs/model-only/checkpoint-3"
+    assert refused(["--output_dir", "outputs/model-only", "--resume_from_checkpoint", "latest"]) == (
+        f"--resume_from_checkpoint latest: {newest} holds the model alone (--save_only_model true saved no optimizer "
+        "state): no run resumes from it, and a new run here would write over it. Start a new run from its weights: "
+        f"--model_name_or_path {newest} --output_dir <another folder>"
+    )

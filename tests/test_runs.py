@@ -300,6 +300,10 @@ def test_sigterm_under_save_only_model_exits_1_naming_the_checkpoint_to_start_a_
     ) in stopped.stdout
     assert "Traceback" not in stopped.stdout
     assert (out / "checkpoint-3" / "model.safetensors").is_file() and not (out / "checkpoint-3/optimizer.pt").exists()
+    retried = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=tmp_path)  # what a retry does anyway
+    assert retried.returncode == 1 and "Traceback" not in retried.stdout, retried.stdout[-3000:]
+    assert "outputs/model-only/checkpoint-3 holds the model alone (--save_only_model true saved no " in retried.stdout
+    assert (out / "checkpoint-3" / "model.safetensors").is_file()
 
 
 def test_a_closed_terminal_saves_the_step_in_progress_and_exits_75(tmp_path):
