@@ -173,19 +173,34 @@ def test_a_preset_never_clears_what_its_run_reads(tmp_path, setting):
     assert not folder.exists() or not any(folder.iterdir())
 
 
+def prepare_smoke(model: str, resume: str | None = None) -> None:
+    """`presets.prepare` as `python grpo_demo.py --smoke` calls it, in the working folder."""
+    run = SimpleNamespace(smoke=True, demo=False, eval_only=False, ask=None, dataset=presets.smoke.DATA_DIR)
+    training_args = SimpleNamespace(
+        output_dir="outputs/smoke-GRPO", resume_from_checkpoint=resume, process_index=0, seed=42,
+        main_process_first=lambda **kwargs: contextlib.nullcontext(),
+    )  # fmt: skip
+    presets.prepare(run, training_args, SimpleNamespace(model_name_or_path=model), None)
+
+
 def test_smoke_from_a_checkpoint_of_its_own_folder_is_refused_and_the_checkpoint_kept(tmp_path, monkeypatch):
-    """`python grpo_demo.py --smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-2`, as the recipe prepares it."""
+    """`python grpo_demo.py --smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-2`."""
     monkeypatch.chdir(tmp_path)
     a_smoke_runs_folder(tmp_path / "outputs/smoke-GRPO")
     start = "outputs/smoke-GRPO/checkpoint-2"
-    run = SimpleNamespace(smoke=True, demo=False, eval_only=False, ask=None, dataset=presets.smoke.DATA_DIR)
-    training_args = SimpleNamespace(
-        output_dir="outputs/smoke-GRPO", resume_from_checkpoint=None, process_index=0, seed=42,
-        main_process_first=lambda **kwargs: contextlib.nullcontext(),
-    )  # fmt: skip
     with pytest.raises(RecipeError, match=f"this run reads --model_name_or_path {start} inside it: copy that out"):
-        presets.prepare(run, training_args, SimpleNamespace(model_name_or_path=start), None)
+        prepare_smoke(start)
     assert (tmp_path / start / "model.safetensors").read_text() == "run"
+
+
+def test_smoke_resuming_a_checkpoint_of_its_own_folder_clears_nothing(tmp_path, monkeypatch):
+    """`python grpo_demo.py --smoke --resume_from_checkpoint outputs/smoke-GRPO/checkpoint-2`: it goes on there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(presets.smoke, "prepare", lambda *args: None)  # its tiny model and data: not needed here
+    a_smoke_runs_folder(tmp_path / "outputs/smoke-GRPO")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    prepare_smoke(presets.smoke.MODEL_DIRS["qwen2"], resume="outputs/smoke-GRPO/checkpoint-2")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, caplog):
