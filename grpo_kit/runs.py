@@ -39,7 +39,7 @@ RUN_FILES = re.compile(
     rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
     rf"|checkpoint-[0-9]+/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
     r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
-    r"|completions/completions_[0-9]{5}\.parquet"
+    r"|completions/completions_[0-9]{5,}\.parquet"
     r"|eval/comparison(-[a-z]+)?\.json|eval/(baseline|final)(-[a-z]+)?(-[0-9]+)?/(summary\.json|completions\.jsonl)"
     r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
 )
