@@ -65,10 +65,11 @@ def owned(preset: str | None) -> dict[str, list]:
 
 def prepare(run, training_args, model_args, answer_format) -> None:
     """Build the chosen preset's tiny model and problems before anything reads them, and clear its own output folder for
-    a new training run (`runs.clear_preset_folder`: only what a run of the preset wrote). Under `accelerate launch`
-    every process gets here: the first writes, the others wait, then all read. A preset's model is tiny: torch gets one
-    thread for the rest of the process. A second gains little on such matrices, and where the cores are busy with other
-    work, threads waiting on each other made sampling 15-40x slower (measured on 2 shared cores)."""
+    a new training run (`runs.clear_preset_folder`: only what a run of the preset wrote, never what this run reads).
+    Under `accelerate launch` every process gets here: the first writes, the others wait, then all read. A preset's
+    model is tiny: torch gets one thread for the rest of the process. A second gains little on such matrices, and
+    where the cores are busy with other work, threads waiting on each other made sampling 15-40x slower (measured on
+    2 shared cores)."""
     import torch
 
     if (preset := chosen(vars(run))) is None:
@@ -78,6 +79,7 @@ def prepare(run, training_args, model_args, answer_format) -> None:
     with training_args.main_process_first(local=False, desc="preset assets"):
         if training_args.process_index == 0:
             if fresh and training_args.output_dir in owned(preset)["output_dir"]:
-                runs.clear_preset_folder(training_args.output_dir, preset)
+                reads = {"model_name_or_path": model_args.model_name_or_path, "dataset": run.dataset}
+                runs.clear_preset_folder(training_args.output_dir, preset, reads)
             seed = getattr(ASSETS[preset], "ASSETS_SEED", training_args.seed)  # the demo's start model: one for all
             ASSETS[preset].prepare(answer_format, model_args.model_name_or_path, run.dataset, seed)

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -25,19 +26,43 @@ logger = logging.getLogger("grpo_demo")
 LOCK_NAME, RECORD_NAME = ".run.lock", "run_record.json"
 RESUME_LATEST = ("latest", "true", "True", "1")
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "wandb", "flash-attn", "vllm")
-RUN_ENTRIES = (  # what a run writes into its output folder: a preset clears these, and only these
-    RECORD_NAME, "trainer_state.json", "training_args.bin", "curves.png", "README.md", "health.json", LOCK_NAME,
-    "config.json", "generation_config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
-    "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-    "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-    "checkpoint-*", "eval", "wandb", "completions",
-)  # fmt: skip
+# What a run writes into its output folder, path by path inside it (full matches): a preset clears only these, and
+# refuses a folder holding anything else. A folder is the run's when its path matches RUN_FOLDERS (wandb's run folders
+# are wandb's: whatever it keeps in them is its own).
+MODEL_FILES = (
+    r"(config|generation_config|adapter_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|"
+    r"preprocessor_config|model\.safetensors\.index)\.json|(model|adapter_model)(-\d{5}-of-\d{5})?\.safetensors|"
+    r"vocab\.json|merges\.txt|chat_template\.jinja|README\.md|training_args\.bin"
+)
+CHECKPOINT = re.compile(r"checkpoint-[0-9]+")  # what the trainer names a checkpoint, and nothing else
+RUN_FILES = re.compile(
+    rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
+    rf"|checkpoint-[0-9]+/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
+    r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
+    r"|completions/completions_[0-9]{5,}\.parquet"
+    r"|eval/comparison(-[a-z]+)?\.json|eval/(baseline|final)(-[a-z]+)?(-[0-9]+)?/(summary\.json|completions\.jsonl)"
+    r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
+)
+RUN_FOLDERS = re.compile(
+    r"checkpoint-[0-9]+(/global_step[0-9]+)?|completions|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
+    r"|wandb(/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+(/.+)?)?"
+)
 RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
+MODEL_ONLY_PARTS = ["optimizer.pt", "scheduler.pt", "rng_state.pth"]  # what a --save_only_model checkpoint lacks
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-def written_by_a_run(path: Path) -> bool:
-    return any(path.match(pattern) for pattern in RUN_ENTRIES)
+def not_written_by_a_run(folder: str | Path, under: str = "") -> list[str]:
+    """What in `folder` no run wrote, at any depth (RUN_FILES, RUN_FOLDERS): each path inside it, a folder ending
+    in `/` and named once, not what it holds. A link is a file here: never followed."""
+    found = []
+    for path in sorted(Path(folder, under).iterdir()):
+        name = f"{under}{path.name}"
+        if path.is_dir() and not path.is_symlink():
+            found += not_written_by_a_run(folder, f"{name}/") if RUN_FOLDERS.fullmatch(name) else [f"{name}/"]
+        elif not RUN_FILES.fullmatch(name):
+            found.append(name)
+    return found
 
 
 def read_json(path: str | Path, default=None):
@@ -123,30 +148,79 @@ def claim(output_dir: str | Path) -> Path:
     return path
 
 
-def clear_preset_folder(output_dir: str | Path, preset: str) -> None:
-    """Empty a preset's own output folder for a new run (its lock stays): only when the runs in it were that
-    preset's (their run record says so) or it holds nothing else; otherwise refuse, naming it."""
+def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, str | None] | None = None) -> None:
+    """Empty a preset's own output folder for a new run (its lock stays), file by file: only when the runs in it
+    were that preset's (their run record says so), it holds only what a run writes (`not_written_by_a_run`) and
+    this run reads none of it (`reads`: {setting: path}, a start model or data inside it); else refuse, naming why."""
     folder = Path(output_dir)
+    inside = [
+        f"--{setting} {path}"
+        for setting, path in (reads or {}).items()
+        if path
+        and Path(path).expanduser().exists()
+        and folder.resolve() in (where := Path(path).expanduser().resolve(), *where.parents)
+    ]
+    if inside:
+        raise RecipeError(
+            f"--{preset} starts afresh in {folder}, clearing what its runs wrote there, and this run reads "
+            f"{', '.join(inside)} inside it: copy that out of {folder} first, or give the preset another --output_dir"
+        )
     contents = [p for p in folder.iterdir() if p.name != LOCK_NAME] if folder.is_dir() else []
     if not contents:
         return
-    foreign = sorted(p.name for p in contents if not written_by_a_run(p))
+    foreign = not_written_by_a_run(folder)
     settings = (read_json(folder / RECORD_NAME) or {}).get("settings") or {}
     if not (settings.get("run") or settings.get("recipe") or {}).get(preset) or foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise RecipeError(
             f"--{preset} starts afresh in {folder}, which holds files a --{preset} run did not write"
-            f"{': ' + ', '.join(foreign[:5]) if foreign else ''}: move them, or give the preset another --output_dir"
+            f"{': ' + listed if foreign else ''}: move them, or give the preset another --output_dir"
         )
     logger.warning("--%s starts afresh: clearing %s", preset, folder)
-    for path in contents:
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    for where, folders, files in os.walk(folder, topdown=False):  # what a folder holds first; links not followed
+        for name in files + folders:
+            path = Path(where, name)
+            if path != folder / LOCK_NAME:
+                path.rmdir() if name in folders and not path.is_symlink() else path.unlink()
 
 
 # ---------------------------------------------- Checkpoints -----------------------------------------------------------
 def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
-    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name[11:].isdigit() and p.is_dir()]
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if CHECKPOINT.fullmatch(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def rotate_checkpoints(output_dir: str | Path, limit: int | None, keep: tuple[str | None, ...] = ()) -> None:
+    """Keep the newest `limit` checkpoints of `output_dir` (those in `keep` too: the one just saved, the best one):
+    transformers' rotation, but of the `checkpoint-N` folders alone (its pattern, `.*checkpoint-([0-9]+)`, also
+    takes a user's `checkpoint-2-keep`), by step (not by modification time, which a copy changes), links left."""
+    if not limit or limit <= 0:
+        return
+    found, keep = [p for p in checkpoint_folders(output_dir) if not p.is_symlink()], {Path(p) for p in keep if p}
+    kept = [p for p in found if any(p.samefile(k) for k in keep if k.exists())]
+    for folder in [p for p in found if p not in kept][: max(len(found) - max(limit, len(kept)), 0)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def rotate_own_checkpoints(trainer) -> None:
+    """Rotate `trainer`'s checkpoints by `rotate_checkpoints` (after each save, `save_total_limit` read then) instead
+    of by its own rotation, which is switched off while it saves."""
+    save = trainer._save_checkpoint
+
+    def save_then_rotate(model, trial):
+        args = trainer.args
+        limit, args.save_total_limit = args.save_total_limit, None  # the trainer's rotation: nothing to do
+        try:
+            save(model, trial)
+        finally:
+            args.save_total_limit = limit
+        if args.should_save:
+            output_dir = trainer._get_output_dir(trial=trial)
+            just_saved = Path(output_dir) / f"checkpoint-{trainer.state.global_step}"
+            rotate_checkpoints(output_dir, limit, (str(just_saved), trainer.state.best_model_checkpoint))
+
+    trainer._save_checkpoint = save_then_rotate
 
 
 def missing_parts(checkpoint: str | Path) -> list[str]:
@@ -229,6 +303,13 @@ def resume(values: dict) -> str | None:
         path = str(folders[newest]) if newest >= 0 else None
         for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
             logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
+        model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == MODEL_ONLY_PARTS]
+        if path is None and model_only and trains(values):  # a retry on a stop under --save_only_model
+            raise RecipeError(
+                f"--resume_from_checkpoint {asked}: {model_only[-1]} holds the model alone (--save_only_model true "
+                "saved no optimizer state): no run resumes from it, and a new run here would write over it. Start a "
+                f"new run from its weights: --model_name_or_path {model_only[-1]} --output_dir <another folder>"
+            )
         if path is None:
             logger.warning(
                 "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
@@ -357,9 +438,11 @@ def model_facts(model) -> dict:
 
 
 def start(trainer, settings: dict, dataset) -> dict | None:
-    """Write the run record (main process), link it from wandb, and note peak GPU memory into it at the end."""
+    """Rotate the trainer's checkpoints by `rotate_checkpoints`; write the run record (main process), link it from
+    wandb, and note peak GPU memory into it at the end."""
     from transformers import TrainerCallback
 
+    rotate_own_checkpoints(trainer)
     args = trainer.args
     if not trainer.accelerator.is_main_process:
         return None

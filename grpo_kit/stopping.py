@@ -4,14 +4,16 @@ The step in progress finishes; every process stops after the same step (a reduct
 saves while another waits in a collective), saved as a checkpoint where its weights are sound; the run writes its
 state and curves, says why it stopped and what to do next, and exits with a code that tells a script the same
 (`EXIT_*`). Non-finite values are `health.py`'s to stop on; SIGTERM, SIGUSR1 (a scheduler before a time limit or
-preemption; `kill`) and Ctrl-C are `on_signals`'s: what each does is said where it is handled (and in README.md)."""
+preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
+is said where it is handled (and in README.md)."""
 
 import logging
 import os
+import select
 import signal
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import torch
 from transformers import TrainerCallback
@@ -19,15 +21,21 @@ from transformers import TrainerCallback
 logger = logging.getLogger("grpo_demo")
 
 EXIT_NOT_FINITE = 3  # a run stopped on a non-finite loss or gradient: neither success (0) nor a crash (1)
-EXIT_STOPPED = 75  # stopped on SIGTERM or SIGUSR1 with a checkpoint of its step: resume it (EX_TEMPFAIL)
+EXIT_STOPPED = 75  # stopped on SIGTERM, SIGUSR1 or SIGHUP with a checkpoint of its step: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C, the shells' 128 + SIGINT
-SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # the order of the flags every process reduces
+EXIT_NOT_RESUMABLE = 1  # what a stop that would exit 75 exits with under --save_only_model: no retry resumes it
+MODEL_ONLY = (
+    "--save_only_model true: checkpoints hold the model alone, no optimizer state, so a stopped or crashed run cannot "
+    "be resumed"
+)
+SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags every process reduces
 
 
 class EarlyStop(TrainerCallback):
     """What every way of stopping early shares: `stop_here`, in a step's hook, asks the trainer to save this step (or
     not) and stop after it, and records why; `report`, once the run's state and curves are written (and every
-    process got that far), says so and returns the exit code the process ends with (None: not stopped)."""
+    process got that far), says so and returns the exit code the process ends with (None: not stopped). Under
+    --save_only_model nothing resumes: the stop says so, and exits EXIT_NOT_RESUMABLE where it would exit 75."""
 
     exit_code = 1
     then = "--resume_from_checkpoint latest continues the run"  # what to do next, said with the stop
@@ -37,18 +45,27 @@ class EarlyStop(TrainerCallback):
         self.trainer = trainer
         self.main = trainer.accelerator.is_main_process
         self.stopped: dict | None = None
+        self.checkpoint: str | None = None  # the stop's checkpoint, where it saves one
+        self.model_only = bool(getattr(trainer.args, "save_only_model", False))  # its checkpoints do not resume
 
     def stop_here(self, state, control, *, reason: str, save: bool, saved: str) -> None:
         control.should_save = save
         control.should_training_stop = True
         self.stopped = {"step": state.global_step, "reason": reason, "saved": saved}
+        self.checkpoint = f"checkpoint-{state.global_step}" if save else None
 
     def report(self) -> int | None:
         if not self.stopped:
             return None
+        then, code = self.then, self.exit_code
+        if self.model_only:
+            where = self.trainer.args.output_dir
+            start = os.path.join(where, self.checkpoint) if self.checkpoint else f"the newest checkpoint in {where}"
+            then = f"{MODEL_ONLY}: --model_name_or_path {start} starts a new run from its weights"
+            code = EXIT_NOT_RESUMABLE if code == EXIT_STOPPED else code
         if self.main:  # self.stopped: step, reason, saved
-            logger.log(self.level, "Stopped at step %d: %s. Saved: %s. %s", *self.stopped.values(), self.then)
-        return self.exit_code
+            logger.log(self.level, "Stopped at step %d: %s. Saved: %s. %s", *self.stopped.values(), then)
+        return code
 
 
 def exit_code(*stops: EarlyStop) -> int:
@@ -57,9 +74,9 @@ def exit_code(*stops: EarlyStop) -> int:
 
 
 class StopOnSignal(EarlyStop):
-    """SIGTERM, SIGUSR1 and Ctrl-C: the step in progress finishes and is saved, then the run stops (module docstring).
-    `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two instructions);
-    `on_step_end` reduces the notes of every process, so that all stop after the same step."""
+    """SIGTERM, SIGUSR1, SIGHUP and Ctrl-C: the step in progress finishes and is saved, then the run stops (module
+    docstring). `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two
+    instructions); `on_step_end` reduces the notes of every process, so that all stop after the same step."""
 
     def __init__(self, trainer):
         super().__init__(trainer)
@@ -74,14 +91,12 @@ class StopOnSignal(EarlyStop):
                 raise KeyboardInterrupt  # a second Ctrl-C, or a launcher's SIGTERM on one: at once, no checkpoint
             return  # the same request again: Slurm signals every process, and accelerate launch passes it on too
         self.received = name
-        if self.say:
-            # os.write, not print or logging: a handler writing to a buffered stream that the main thread is in the
-            # middle of writing to raises "reentrant call".
-            os.write(sys.stderr.fileno(), f"\n{self.plan(name)}\n".encode())
+        say_or_detach(f"\n{self.plan(name)}\n" if self.say else "")  # every process: each writes to the terminal
 
     def plan(self, name: str) -> str:
         """What the run does on stop signal `name`, as said when it comes."""
         code, what = (EXIT_INTERRUPTED, "Ctrl-C") if name == "SIGINT" else (EXIT_STOPPED, name)
+        code = EXIT_NOT_RESUMABLE if code == EXIT_STOPPED and self.model_only else code
         step, steps = self.trainer.state.global_step + 1, self.trainer.state.max_steps  # the step under way
         if self.phase == "start":
             line = f"stopping after the first step this run trains, with its checkpoint (exit {code})"
@@ -118,17 +133,38 @@ class StopOnSignal(EarlyStop):
         return [name for name, flag in zip(SIGNALS, flags.tolist(), strict=True) if flag]
 
 
+def say_or_detach(text: str) -> None:
+    """Write `text` (if any) to stderr. Where stdout or stderr is gone (a hangup: a closed window or a lost ssh
+    connection takes the terminal, and a pipe's reader such as `| tee` with it), it is first pointed at os.devnull:
+    the run's next lines (the progress bar, the logs) would fail it before its checkpoint is saved. os.write, not
+    print or logging: a handler writing to a buffered stream that the main thread is in the middle of writing to
+    raises "reentrant call"."""
+    for fd in (1, 2) if hasattr(select, "poll") else ():  # stdout, stderr
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poll.poll(0)):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+    with suppress(OSError):  # no stderr to write to: the signal is handled all the same
+        if text:
+            os.write(sys.stderr.fileno(), text.encode())
+
+
 @contextmanager
 def on_signals(trainer):
-    """Within this block SIGTERM, SIGUSR1 and Ctrl-C stop `trainer`'s run after the step in progress, with its
+    """Within this block SIGTERM, SIGUSR1, SIGHUP and Ctrl-C stop `trainer`'s run after the step in progress, with its
     checkpoint (see the module docstring); the handlers before it are put back after it. A signal the process was
-    started ignoring (nohup, a shell's background job) stays ignored, as Python leaves an ignored Ctrl-C."""
+    started ignoring (nohup, a shell's background job) stays ignored, as Python leaves an ignored Ctrl-C. Under
+    --save_only_model, whose checkpoints cannot be resumed, the run says so as it starts."""
     stop = StopOnSignal(trainer)
+    if stop.model_only and stop.main:
+        logger.warning("%s: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75", MODEL_ONLY)
     trainer.callback_handler.callbacks.insert(0, stop)  # before the accuracy callback: a stop skips its evaluation
     previous = {}
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
         for name in SIGNALS:
-            number = getattr(signal, name, None)  # no SIGUSR1 on Windows
+            number = getattr(signal, name, None)  # no SIGUSR1 or SIGHUP on Windows
             if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
                 previous[number] = signal.signal(number, stop.receive)
     try:

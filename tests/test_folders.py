@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, offline_env
+import torch
+import transformers.trainer_utils
+from conftest import ROOT, offline_env, refused
 
-from grpo_kit import RecipeError, runs
+from grpo_kit import RecipeError, presets, runs
 
 
 def write_lock(folder, pid: int, host: str | None = None) -> None:
@@ -105,6 +109,100 @@ def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
     assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # its own lock stays
 
 
+def a_smoke_runs_folder(folder):
+    """A folder as a --smoke run leaves it, file by file (wandb's offline run too)."""
+    wandb_run = "wandb/offline-run-20261201_234724-d4dykqdh"
+    written = [
+        "run_record.json", "trainer_state.json", "model.safetensors", "config.json", "README.md", "curves.png",
+        "checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt", "checkpoint-2/rng_state.pth",
+        "checkpoint-2/trainer_state.json", "completions/completions_00001.parquet", "eval/baseline/summary.json",
+        "eval/final/completions.jsonl", "eval/comparison.json", f"{wandb_run}/run-d4dykqdh.wandb",
+        f"{wandb_run}/files/media/table/completions_12_61ab9d893a727069f872.table.json", f"{wandb_run}/logs/debug.log",
+    ]  # fmt: skip
+    for name in written:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("run")
+    (folder / f"{wandb_run}/tmp/code").mkdir(parents=True)
+    (folder / "wandb/latest-run").symlink_to(wandb_run.removeprefix("wandb/"))
+    (folder / "run_record.json").write_text(json.dumps({"settings": {"run": {"smoke": True}}}))
+
+
+def test_a_preset_keeps_a_users_files_at_any_depth_and_names_them(tmp_path):
+    folder = tmp_path / "smoke-GRPO"
+    a_smoke_runs_folder(folder)
+    users = ["checkpoint-best/model.safetensors", "eval/my_notes.txt", "wandb/my_export.csv", "checkpoint-2/notes.md"]
+    for name in users:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("mine")
+    with pytest.raises(RecipeError) as stop:
+        runs.clear_preset_folder(folder, "smoke")
+    assert str(stop.value) == (
+        f"--smoke starts afresh in {folder}, which holds files a --smoke run did not write: checkpoint-2/notes.md, "
+        "checkpoint-best/, eval/my_notes.txt, wandb/my_export.csv: move them, or give the preset another --output_dir"
+    )
+    assert all((folder / name).read_text() == "mine" for name in users)
+    assert (folder / "checkpoint-2/optimizer.pt").is_file()  # nothing cleared
+
+    for name in users:
+        (folder / name).unlink()
+    (folder / "checkpoint-best").rmdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (folder / "wandb/offline-run-20261201_234724-d4dykqdh/logs/debug-core.log").symlink_to(outside / "keep.txt")
+    write_lock(folder, os.getpid())
+    runs.clear_preset_folder(folder, "smoke")
+    assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # every file the run wrote, its folders too
+    assert (outside / "keep.txt").read_text() == "mine"  # a link is removed, never what it points to
+
+
+@pytest.mark.parametrize("setting", ["model_name_or_path", "dataset"])
+def test_a_preset_never_clears_what_its_run_reads(tmp_path, setting):
+    """`--smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-4`: a new run starting from the last one's end."""
+    folder = tmp_path / "smoke-GRPO"
+    a_smoke_runs_folder(folder)
+    start = folder / "checkpoint-2"
+    with pytest.raises(RecipeError) as stop:
+        runs.clear_preset_folder(folder, "smoke", {"model_name_or_path": None, setting: str(start)})
+    assert str(stop.value) == (
+        f"--smoke starts afresh in {folder}, clearing what its runs wrote there, and this run reads --{setting} "
+        f"{start} inside it: copy that out of {folder} first, or give the preset another --output_dir"
+    )
+    assert (start / "model.safetensors").read_text() == "run" and (folder / "run_record.json").is_file()
+    runs.clear_preset_folder(folder, "smoke", {setting: str(tmp_path / "smoke-GRPO-start")})  # elsewhere: cleared
+    assert not folder.exists() or not any(folder.iterdir())
+
+
+def prepare_smoke(model: str, resume: str | None = None) -> None:
+    """`presets.prepare` as `python grpo_demo.py --smoke` calls it, in the working folder."""
+    run = SimpleNamespace(smoke=True, demo=False, eval_only=False, ask=None, dataset=presets.smoke.DATA_DIR)
+    training_args = SimpleNamespace(
+        output_dir="outputs/smoke-GRPO", resume_from_checkpoint=resume, process_index=0, seed=42,
+        main_process_first=lambda **kwargs: contextlib.nullcontext(),
+    )  # fmt: skip
+    presets.prepare(run, training_args, SimpleNamespace(model_name_or_path=model), None)
+
+
+def test_smoke_from_a_checkpoint_of_its_own_folder_is_refused_and_the_checkpoint_kept(tmp_path, monkeypatch):
+    """`python grpo_demo.py --smoke --model_name_or_path outputs/smoke-GRPO/checkpoint-2`."""
+    monkeypatch.chdir(tmp_path)
+    a_smoke_runs_folder(tmp_path / "outputs/smoke-GRPO")
+    start = "outputs/smoke-GRPO/checkpoint-2"
+    with pytest.raises(RecipeError, match=f"this run reads --model_name_or_path {start} inside it: copy that out"):
+        prepare_smoke(start)
+    assert (tmp_path / start / "model.safetensors").read_text() == "run"
+
+
+def test_smoke_resuming_a_checkpoint_of_its_own_folder_clears_nothing(tmp_path, monkeypatch):
+    """`python grpo_demo.py --smoke --resume_from_checkpoint outputs/smoke-GRPO/checkpoint-2`: it goes on there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(presets.smoke, "prepare", lambda *args: None)  # its tiny model and data: not needed here
+    a_smoke_runs_folder(tmp_path / "outputs/smoke-GRPO")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    prepare_smoke(presets.smoke.MODEL_DIRS["qwen2"], resume="outputs/smoke-GRPO/checkpoint-2")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, caplog):
     write_lock(tmp_path / "run", 1)  # pid 1 is alive, but it is not the process that wrote the lock
     lock = json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())
@@ -128,3 +226,77 @@ def test_a_full_disk_is_told_from_other_errors():
     except ValueError as err:
         assert runs.disk_full(err)
     assert not runs.disk_full(OSError(errno.EACCES, "Permission denied"))
+
+
+class Line(torch.nn.Module):
+    """The smallest model a Trainer trains: y = w x + b, its loss returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.line = torch.nn.Linear(1, 1)
+
+    def forward(self, x, labels=None):
+        return {"loss": ((self.line(x) - labels) ** 2).mean()}
+
+
+def test_checkpoint_rotation_removes_only_the_runs_checkpoints(tmp_path):
+    """A real trainer's rotation (save_total_limit 2): a user's `checkpoint-2-keep` and `checkpoint-best` stay; of
+    the run's checkpoints, the newest two."""
+    from transformers import Trainer, TrainingArguments
+
+    out = tmp_path / "run"
+    users = [out / "checkpoint-2-keep", out / "checkpoint-best"]
+    for folder in users:
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_text("mine")
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=4, save_steps=1, save_total_limit=2, per_device_train_batch_size=2,
+        report_to=[], use_cpu=True, disable_tqdm=True, logging_strategy="no",
+    )  # fmt: skip
+    rows = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
+    trainer = Trainer(model=Line(), args=args, train_dataset=rows)
+    runs.rotate_own_checkpoints(trainer)
+    trainer.train()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint-2-keep", "checkpoint-3", "checkpoint-4", "checkpoint-best",
+    ]  # fmt: skip
+    assert all((folder / "model.safetensors").read_text() == "mine" for folder in users)
+
+
+def test_every_process_of_a_run_rotates_so(tmp_path):
+    """`runs.start`, which every process of a run calls, puts the rotation in place (on a process that writes no
+    run record too)."""
+    out = tmp_path / "run"
+    (out / "checkpoint-1-keep").mkdir(parents=True)
+    state = SimpleNamespace(global_step=0, best_model_checkpoint=None)
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=1, should_save=True)
+
+    def save(model, trial):  # the trainer's save, its rotation included
+        (out / f"checkpoint-{state.global_step}").mkdir()
+        if args.save_total_limit:
+            transformers.trainer_utils.rotate_checkpoints(str(out), args.save_total_limit, use_mtime=True)
+
+    trainer = SimpleNamespace(args=args, state=state, accelerator=SimpleNamespace(is_main_process=False))
+    trainer._save_checkpoint, trainer._get_output_dir = save, lambda trial: str(out)
+    assert runs.start(trainer, {}, None) is None
+    for state.global_step in (1, 2):
+        trainer._save_checkpoint(None, None)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1-keep", "checkpoint-2"]
+
+
+def test_resuming_where_every_checkpoint_holds_the_model_alone_is_refused(tmp_path, single_process):
+    """A retry of a run stopped under --save_only_model (the Slurm script requeues one): no checkpoint resumes, and
+    starting afresh would rotate the saved models out; it stops, naming the one to start a new run from."""
+    from safetensors.torch import save_file
+
+    out = tmp_path / "outputs/model-only"
+    for step in (2, 3):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}/trainer_state.json").write_text(json.dumps({"global_step": step}))
+        save_file({"w": torch.zeros(4)}, out / f"checkpoint-{step}/model.safetensors")
+    newest = "outputs/model-only/checkpoint-3"
+    assert refused(["--output_dir", "outputs/model-only", "--resume_from_checkpoint", "latest"]) == (
+        f"--resume_from_checkpoint latest: {newest} holds the model alone (--save_only_model true saved no optimizer "
+        "state): no run resumes from it, and a new run here would write over it. Start a new run from its weights: "
+        f"--model_name_or_path {newest} --output_dir <another folder>"
+    )

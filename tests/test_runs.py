@@ -8,9 +8,11 @@ messages a user without network gets.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -60,7 +62,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert base.keys() == trained.keys()
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
-    assert all(runs.written_by_a_run(path) for path in out.iterdir())  # a preset's next run may clear them all
+    assert runs.not_written_by_a_run(out) == []  # every file a run's: a preset's next run may clear them all
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
@@ -274,6 +276,63 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     assert "Resuming from outputs/sigterm/checkpoint-3" in resumed.stdout
     assert logged_steps(resumed.stdout) == 3
     assert_same_final_weights(out, whole_run / "outputs" / "whole")
+
+
+def test_sigterm_under_save_only_model_exits_1_naming_the_checkpoint_to_start_a_new_run_from(tmp_path):
+    """Its checkpoints hold no optimizer state: a resume would skip them all and start at step 0, so the stop must
+    not exit 75, which a supervisor retries."""
+    script = tmp_path / "sigterm_in_step_3.py"
+    script.write_text(SIGNAL_IN_A_STEP)
+    args, out = (
+        [*RUN, "--save_only_model", "true", "--output_dir", "outputs/model-only"],
+        tmp_path / "outputs/model-only",
+    )
+    stopped = run_recipe(args, cwd=tmp_path, script=script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
+    assert stopped.returncode == 1, stopped.stdout[-3000:]
+    model_only = "--save_only_model true: checkpoints hold the model alone, no optimizer state, so a stopped or crashed"
+    assert f"{model_only} run cannot be resumed: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1" in (
+        stopped.stdout
+    )
+    assert "SIGTERM: finishing step 3 of 6, saving it, then stopping (exit 1)" in stopped.stdout
+    assert (
+        f"Stopped at step 3: SIGTERM received. Saved: checkpoint-3. {model_only} run cannot be resumed: "
+        "--model_name_or_path outputs/model-only/checkpoint-3 starts a new run from its weights"
+    ) in stopped.stdout
+    assert "Traceback" not in stopped.stdout
+    assert (out / "checkpoint-3" / "model.safetensors").is_file() and not (out / "checkpoint-3/optimizer.pt").exists()
+    retried = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=tmp_path)  # what a retry does anyway
+    assert retried.returncode == 1 and "Traceback" not in retried.stdout, retried.stdout[-3000:]
+    assert "outputs/model-only/checkpoint-3 holds the model alone (--save_only_model true saved no " in retried.stdout
+    assert (out / "checkpoint-3" / "model.safetensors").is_file()
+
+
+def test_a_closed_terminal_saves_the_step_in_progress_and_exits_75(tmp_path):
+    """The recipe's output on a terminal that hangs up in step 6 of 8 (the window closed, ssh lost), then SIGHUP:
+    writing to the terminal fails from then on, and the run still saves its step and exits 75, resumable."""
+    import pty
+
+    out = tmp_path / "outputs" / "hangup"
+    terminal, screen = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "grpo_demo.py"), "--smoke", "--max_steps", "8", "--output_dir", str(out)],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        stdout=screen,
+        stderr=screen,
+    )
+    os.close(screen)
+    said = b""
+    while said.count(b"'learning_rate':") < 5:  # step 5 logged: step 6 under way
+        assert process.poll() is None, said[-3000:].decode(errors="replace")
+        with contextlib.suppress(OSError):
+            said += os.read(terminal, 65536)
+    os.close(terminal)  # the terminal hangs up
+    process.send_signal(signal.SIGHUP)
+    assert process.wait(timeout=300) == stopping.EXIT_STOPPED == 75
+    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    assert 6 <= step < 8 and runs.missing_parts(out / f"checkpoint-{step}") == []  # the step it was in, resumable
+    assert not (out / "model.safetensors").exists() and not (out / ".run.lock").exists()
 
 
 def test_ctrl_c_saves_the_step_in_progress_says_so_and_frees_its_folder(tmp_path):

@@ -1,6 +1,6 @@
-"""Stopping early on a signal: SIGTERM, SIGUSR1 (what Slurm sends before a time limit or preemption) and Ctrl-C let
-the step in progress finish, save it and stop with an exit code that says what to do next; a second Ctrl-C stops at
-once. Whole runs that stop and resume (one process and two) are in test_runs.py."""
+"""Stopping early on a signal: SIGTERM, SIGUSR1 (what Slurm sends before a time limit or preemption), SIGHUP (a closed
+terminal) and Ctrl-C let the step in progress finish, save it and stop with an exit code that says what to do next; a
+second Ctrl-C stops at once. Whole runs that stop and resume (one process and two) are in test_runs.py."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def ctrl_c_as_from_a_terminal():
     signal.signal(signal.SIGINT, before)
 
 
-def fake_trainer(state: TrainerState):
+def fake_trainer(state: TrainerState, save_only_model: bool = False):
     return SimpleNamespace(
         accelerator=SimpleNamespace(
             is_main_process=True, is_local_main_process=True, device=torch.device("cpu"), wait_for_everyone=lambda: None
@@ -37,6 +37,7 @@ def fake_trainer(state: TrainerState):
         callback_handler=SimpleNamespace(callbacks=[]),
         state=state,
         model=SimpleNamespace(),
+        args=SimpleNamespace(output_dir="outputs/run", save_only_model=save_only_model),
     )
 
 
@@ -75,11 +76,11 @@ def in_two_processes(target, tmp_path, timeout: float = 60) -> list:
     return [returned[0], returned[1]]
 
 
-def stop_after(sent: list[str], step: int = 5, max_steps: int = 10):
+def stop_after(sent: list[str], step: int = 5, max_steps: int = 10, save_only_model: bool = False):
     """Step `step` of `max_steps` as the trainer runs it, `sent` signals arriving in its middle: (the callback, the
     trainer's control after the step)."""
     state, control = TrainerState(global_step=step - 1, max_steps=max_steps), TrainerControl()
-    trainer = fake_trainer(state)
+    trainer = fake_trainer(state, save_only_model)
     with stopping.on_signals(trainer) as stop:
         stop.on_train_begin(None, state, control)
         for name in sent:
@@ -95,6 +96,7 @@ def stop_after(sent: list[str], step: int = 5, max_steps: int = 10):
     [
         ("SIGTERM", "SIGTERM: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),
         ("SIGUSR1", "SIGUSR1: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),
+        ("SIGHUP", "SIGHUP: finishing step 5 of 10, saving it, then stopping (exit 75)", 75),  # a closed terminal
         ("SIGINT", "Ctrl-C: finishing step 5 of 10, saving it, then stopping (exit 130); Ctrl-C again stops at", 130),
     ],
 )
@@ -106,6 +108,51 @@ def test_a_stop_signal_saves_the_step_in_progress_then_exits_with_its_code(name,
         assert stopping.exit_code(stop) == code
     what = "Ctrl-C (SIGINT)" if name == "SIGINT" else name
     assert f"Stopped at step 5: {what} received. Saved: checkpoint-5. --resume_from_checkpoint latest" in caplog.text
+
+
+def test_a_hangup_that_took_the_terminal_still_saves_the_step_and_exits_75():
+    """A closed terminal window or a lost ssh connection: SIGHUP, and writing to the terminal (or to `| tee`, gone
+    with it) fails from then on. The run goes on to save its step (its output to os.devnull), then exits 75."""
+    import pty
+
+    kept = {fd: os.dup(fd) for fd in (1, 2)}
+    terminal, screen = pty.openpty()
+    reader, pipe = os.pipe()
+    try:
+        os.dup2(screen, 2)  # stderr on the terminal, stdout through a pipe
+        os.dup2(pipe, 1)
+        os.close(terminal)  # the window closed: the terminal hangs up
+        os.close(reader)  # and `| tee` ended with it
+        stop, control = stop_after(["SIGHUP"])
+        assert os.write(1, b"progress bar") and os.write(2, b"log line")  # the run's next lines: no error
+    finally:
+        for fd, copy in kept.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(screen)
+        os.close(pipe)
+    assert control.should_save and control.should_training_stop
+    assert stopping.exit_code(stop) == 75
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 1), ("SIGUSR1", 1), ("SIGHUP", 1), ("SIGINT", 130)])
+def test_a_stop_under_save_only_model_says_it_cannot_be_resumed_and_exits_not_75(name, code, capfd, caplog):
+    """--save_only_model saves no optimizer state: a resume would skip the checkpoint and start from step 0, so a
+    supervisor retrying on 75 would never get further. Said as the run starts, when the signal comes and at the stop."""
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        stop, control = stop_after([name], save_only_model=True)
+        assert control.should_save and control.should_training_stop  # the step's model is saved all the same
+        assert stopping.exit_code(stop) == code
+    model_only = (
+        "--save_only_model true: checkpoints hold the model alone, no optimizer state, so a stopped or crashed run "
+        "cannot be resumed"
+    )
+    assert f"{model_only}: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75" in caplog.text
+    assert f"saving it, then stopping (exit {code})" in capfd.readouterr().err
+    assert caplog.text.rstrip().endswith(
+        f"Saved: checkpoint-5. {model_only}: --model_name_or_path outputs/run/checkpoint-5 starts a new run from "
+        "its weights"
+    )
 
 
 def test_the_same_request_again_is_one_stop(capfd):
