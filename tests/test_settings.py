@@ -218,7 +218,19 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--smoke", "--demo"], "--smoke and --demo are presets of their own: choose one"),
         (["--use_peft", "--lora_r", "0"], "lora_r=0: the adapter's rank must be at least 1"),
         (["--ask", " "], "ask is empty: give the question to answer"),
-        (["--learning_rate", "nan"], "learning_rate=nan: must be a positive number"),
+        (["--learning_rate", "nan"], "learning_rate=nan: must be positive and at most 0.01 (the recipe uses 5e-6)"),
+        (["--learning_rate", "0"], "learning_rate=0.0: must be positive and at most 0.01"),
+        (
+            ["--learning_rate", "5e6"],
+            "learning_rate=5000000.0: must be positive and at most 0.01 (the recipe uses 5e-6); did you mean 5e-06?",
+        ),
+        (["--learning_rate", "0.5"], "learning_rate=0.5: must be positive and at most 0.01 (the recipe uses 5e-6)"),
+        (
+            ["--temperature", "1e-40"],
+            "temperature=1e-40: below 0.01 sampling is greedy in effect, and the logits divided by it overflow "
+            "(to inf near 1e-38): use 0.01 or more (the recipe uses 0.9)",
+        ),
+        (["--eval_temperature", "1e-40"], "eval_temperature=1e-40: below 0.01 sampling is greedy in effect"),
         (["--temperature", "0"], "temperature=0.0: sampling needs a positive temperature"),
         (["--seed", "-1"], "seed=-1: must be from 0 to 2**32 - 1"),
         (["--seed", "4294967296"], "seed=4294967296: must be from 0 to 2**32 - 1"),
