@@ -153,7 +153,7 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
     state = folder / "trainer_state.json"
-    missing = [] if isinstance(read_json(state), dict) else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
+    missing = [f"{state.name}{f' ({why})' if state.is_file() else ''}"] if (why := state_damage(state)) else []
     if not (weights := [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]):
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
@@ -172,6 +172,22 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     rng = sorted(folder.glob("rng_state*.pth"))
     missing += [f"{path.name} (truncated or damaged)" for path in rng if not _loads(path)]
     return missing if rng else [*missing, "rng_state.pth"]
+
+
+def state_damage(path: Path) -> str | None:
+    """What makes a checkpoint's trainer_state.json unusable for a resume ("damaged: ..."), None when it is sound:
+    the step a resume continues from (and names the next checkpoint by) a count, the epoch a number, the logs a
+    list. transformers reads them unchecked: a step of -3 would train from -3 and write over checkpoint-4."""
+    if not isinstance(state := read_json(path), dict):
+        return "damaged"
+    step, epoch = state.get("global_step"), state.get("epoch", 0)
+    if type(step) is not int or step < 0:
+        return f"damaged: global_step {step!r} is not a step count"
+    if epoch is not None and (type(epoch) not in (int, float) or not 0 <= epoch < float("inf")):
+        return f"damaged: epoch {epoch!r} is not a number of epochs"
+    if not isinstance(state.get("log_history", []), list):
+        return "damaged: log_history is not a list"
+    return None
 
 
 def _loads(path: Path) -> bool:

@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT, refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks
+from grpo_kit import RecipeError, checks, runs
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -387,6 +387,30 @@ def test_resuming_takes_only_a_complete_checkpoint(tmp_path, caplog):
     assert (
         f"checkpoint-4: incomplete, without scheduler.pt; the newest complete one is {run / 'checkpoint-2'}" in message
     )
+
+
+@pytest.mark.parametrize(
+    ("step", "said"),
+    [("abc", "'abc'"), (None, "None"), (2.5, "2.5"), (-3, "-3"), (True, "True")],
+)
+def test_a_checkpoint_whose_state_has_no_step_count_is_damaged_and_skipped(tmp_path, caplog, step, said):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-2", step=2)
+    (fake_checkpoint(run / "checkpoint-4") / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(run / "checkpoint-2")
+    damaged = f"trainer_state.json (damaged: global_step {said} is not a step count)"
+    assert f"Skipping {run / 'checkpoint-4'}: incomplete, without {damaged}" in caplog.text
+    message = refused(["--output_dir", str(run), "--resume_from_checkpoint", str(run / "checkpoint-4")])
+    assert f"checkpoint-4: incomplete, without {damaged}; the newest complete one is {run / 'checkpoint-2'}" in message
+
+
+def test_a_checkpoint_whose_state_has_no_epoch_count_is_damaged(tmp_path):
+    (fake_checkpoint(tmp_path / "checkpoint-2") / "trainer_state.json").write_text('{"global_step": 2, "epoch": "x"}')
+    assert runs.missing_parts(tmp_path / "checkpoint-2") == [
+        "trainer_state.json (damaged: epoch 'x' is not a number of epochs)"
+    ]
 
 
 def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, caplog):
