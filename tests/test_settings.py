@@ -443,6 +443,47 @@ def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, 
     assert "learning_rate: 5e-06 -> 1e-05" in caplog.text
 
 
+def test_a_checkpoint_copied_without_its_run_record_is_compared_with_the_settings_it_holds(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path / "copied" / "checkpoint-2", step=2)  # no run_record.json beside it
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "train_batch_size": 16}))
+    torch.save({"base_lrs": [5e-6], "last_epoch": 2}, checkpoint / "scheduler.pt")
+    groups = [{"lr": 4e-6, "betas": (0.9, 0.99), "weight_decay": w, "params": [i]} for i, w in enumerate((0.1, 0.0))]
+    torch.save({"state": {}, "param_groups": groups}, checkpoint / "optimizer.pt")
+    argv = ["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(checkpoint)]
+    assert resolved(argv).resume_from_checkpoint == str(checkpoint)  # the recipe's settings: those it holds
+    message = refused([*argv, "--learning_rate", "1e-3", "--adam_beta2", "0.999", "--per_device_train_batch_size", "8"])
+    assert message.startswith(
+        f"Resuming {checkpoint} with settings its run did not start with (as the checkpoint's optimizer, scheduler "
+        "and trainer state hold them):\n  - learning_rate: 5e-06 -> 0.001\n  - adam_beta2: 0.99 -> 0.999\n"
+        "  - per_device_train_batch_size: 16 -> 8\n"
+    )
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_its_optimizer_state_loads(tmp_path):
+    def trained(model):
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+        return optimizer.state_dict()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    torch.save(trained(model), checkpoint / "optimizer.pt")
+    runs.same_parameters(model, checkpoint)  # its own: fine
+    other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    with pytest.raises(RecipeError) as stop:
+        runs.same_parameters(other, checkpoint)
+    assert str(stop.value) == (
+        f"{checkpoint}: its optimizer state is for 4 weight tensors (23 parameters), and this run trains 4 (37): the "
+        "checkpoint is of another model or adapter. Resume it with the model and adapter settings it trained with, "
+        "or start a new run (another --output_dir)"
+    )
+    with pytest.raises(RecipeError, match="optimizer state is for 4 weight tensors .* this run trains 2 "):
+        runs.same_parameters(torch.nn.Sequential(torch.nn.Linear(4, 2)), checkpoint)
+
+
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
     fake_checkpoint(tmp_path / "run" / "checkpoint-4", step=4)
     message = refused(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest", "--max_steps", "4"])
