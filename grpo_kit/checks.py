@@ -66,6 +66,7 @@ MAX_LEARNING_RATE = 1e-2
 
 
 def learning_rate_and_temperatures(v: dict) -> Iterator[str]:
+    """A learning rate within AdamW's sane range (a flipped exponent named); temperatures sampling can divide by."""
     if (rate := v["learning_rate"]) is not None and not 0 < rate <= MAX_LEARNING_RATE:
         exponent = math.floor(math.log10(rate)) if 0 < rate < math.inf else 0
         flipped = float(f"{rate / 10 ** (2 * exponent):.6g}")  # the exponent's sign flipped: 5e6 -> 5e-06

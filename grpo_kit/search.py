@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.storage = args.storage or f"sqlite:///{(args.folder / 'study.db').resolve()}"
     if args.storage.startswith("sqlite:///") and args.storage != "sqlite:///:memory:":
         where = Path(args.storage.removeprefix("sqlite:///")).parent
-        if where != args.folder.resolve() and not where.is_dir():  # the search makes its own folder, no other
+        if where.resolve() != args.folder.resolve() and not where.is_dir():  # the search makes its own folder, no other
             parser.error(f"--storage {args.storage}: no folder {where} for the database: make it, or fix the path")
     return args
 
