@@ -38,8 +38,6 @@ COUNTS = {
 }
 RANGES = {
     "eval_every_steps": (lambda x: x >= 0, "0 turns in-training accuracy off, N > 0 runs it"),
-    "learning_rate": (lambda x: 0 < x < math.inf, "must be a positive number (the recipe uses 5e-6)"),
-    "temperature": (lambda x: 0 < x < math.inf, "sampling needs a positive temperature (the recipe uses 0.9)"),
     "seed": (lambda x: 0 <= x < 2**32, "must be from 0 to 2**32 - 1 (numpy's range)"),
     # What transformers, TRL or PEFT would refuse only after the model loaded (or never, training on NaN).
     "weight_decay": (lambda x: 0 <= x < math.inf, "must be a finite number, 0 or more (the recipe uses 0.1)"),
@@ -59,10 +57,37 @@ RANGES = {
 }
 
 
+# Sampling divides the logits by the temperature: far below 0.01 the quotient overflows (fp32 and bf16 alike end
+# near 3.4e38, so at 1e-40 every logit is inf and sampling fails on NaN probabilities), and well before that sampling
+# is greedy in all but name (a logit gap of 0.1 is already e^10 apart) and the policy's gradients grow as 1 / T.
+MIN_TEMPERATURE = 0.01
+# AdamW moves each weight by about the learning rate a step: above 0.01 a step rewrites a weight of ~0.02 entirely,
+# and a rate like 5e6 (for 5e-6) makes the first update non-finite.
+MAX_LEARNING_RATE = 1e-2
+
+
+def learning_rate_and_temperatures(v: dict) -> Iterator[str]:
+    """A learning rate within AdamW's sane range (a flipped exponent named); temperatures sampling can divide by."""
+    if (rate := v["learning_rate"]) is not None and not 0 < rate <= MAX_LEARNING_RATE:
+        exponent = math.floor(math.log10(rate)) if 0 < rate < math.inf else 0
+        flipped = float(f"{rate / 10 ** (2 * exponent):.6g}")  # the exponent's sign flipped: 5e6 -> 5e-06
+        typo = f"; did you mean {flipped:g}?" if exponent > 0 and flipped <= MAX_LEARNING_RATE else ""
+        yield f"learning_rate={rate}: must be positive and at most {MAX_LEARNING_RATE:g} (the recipe uses 5e-6){typo}"
+    for name, default in (("temperature", " (the recipe uses 0.9)"), ("eval_temperature", "")):
+        if (t := v.get(name)) is not None and not 0 < t < math.inf:
+            yield f"{name}={t}: sampling needs a positive temperature{default}"
+        elif t is not None and t < MIN_TEMPERATURE:
+            yield (
+                f"{name}={t}: below {MIN_TEMPERATURE} sampling is greedy in effect, and the logits divided by it "
+                f"overflow (to inf near 1e-38): use {MIN_TEMPERATURE} or more{default}"
+            )
+
+
 def problems(v: dict, *, n_rewards: int, own: dict) -> list[str]:
     """Every problem with the settings `v` that shows before anything loads (`own`: paths a preset writes itself)."""
     found = (sizes(v), groups_and_rewards(v, n_rewards), local_paths(v, own), output_folder(v, own))
     found += (lora_and_bitsandbytes(v), generation(v), evaluation_processes(v), measuring(v))
+    found += (learning_rate_and_temperatures(v),)
     return [line for lines in found for line in lines]
 
 
@@ -304,8 +329,6 @@ def measuring(v: dict) -> Iterator[str]:
         yield f"eval_shots={v['eval_shots']}: the kshot protocol shows 1 to 32 worked examples (lm-eval: 5, 8)"
     if v["eval_samples"] < 0:
         yield f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k"
-    if (temperature := v.get("eval_temperature")) is not None and not 0 < temperature < math.inf:
-        yield f"eval_temperature={temperature}: sampling needs a positive temperature"
     if unknown := [name for name in v.get("health_checks_off") or [] if name not in (*CHECKS, "all")]:
         yield f"health_checks_off: {', '.join(unknown)}: no such check (the checks: {', '.join(CHECKS)}; or all)"
 

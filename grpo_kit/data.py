@@ -123,16 +123,21 @@ def report_bad_rows(bad: dict[str, list[int]], kept: int, split: str, named: str
         raise RecipeError(f"No usable {split} rows in {named.rsplit(' ', 1)[0]}: every row was dropped (see above)")
 
 
-def drop_long_prompts(data, tokenizer, max_tokens: int):
-    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable), and say so."""
+def drop_long_prompts(data, tokenizer, max_tokens: int, split: str = "train"):
+    """Drop rows whose chat-templated prompt exceeds `max_tokens` (a cut question is unanswerable; a huge one, in
+    an evaluation batch, would take memory for its whole length times the batch), and say so."""
     lengths = [
         len(tokenizer.apply_chat_template(p, add_generation_prompt=True, return_dict=False)) for p in data["prompt"]
     ]
     long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
     span, cut = f"{min(lengths, default=0)}-{max(lengths, default=0)}", f" (rows {long_rows[:20]})" if long_rows else ""
     logger.info(
-        "Prompts: %d rows, %s tokens; %d over %d tokens dropped%s", len(lengths), span, len(long_rows), max_tokens, cut
-    )
+        "%s: %d rows, %s tokens; %d over %d tokens dropped%s",
+        "Prompts" if split == "train" else f"{split.capitalize()} prompts",
+        len(lengths), span, len(long_rows), max_tokens, cut,
+    )  # fmt: skip
     if len(long_rows) == len(lengths):
-        raise RecipeError(f"Every prompt is over {max_tokens} tokens: nothing to train on. Raise --max_prompt_tokens")
+        what = "nothing to train on" if split == "train" else f"no {split} question to measure"
+        prompts = "prompt" if split == "train" else f"{split} prompt"
+        raise RecipeError(f"Every {prompts} is over {max_tokens} tokens: {what}. Raise --max_prompt_tokens")
     return data.select([i for i, n in enumerate(lengths) if n <= max_tokens]) if long_rows else data

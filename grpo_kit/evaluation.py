@@ -21,6 +21,7 @@ from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
 from grpo_kit import RecipeError, generation, models, reports
+from grpo_kit.data import drop_long_prompts
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
 from grpo_kit.reports import compare, eval_name, write_report
 from grpo_kit.scoring import build_protocol, score, summarize, summarize_samples
@@ -277,10 +278,13 @@ def sampling(run, training_args) -> dict:
 
 
 def callback(trainer, test_rows, run, answer_format, train_rows=None) -> AccuracyCallback:
-    """The accuracy measurements a training run's settings ask for (none when `test_rows` is None)."""
+    """The accuracy measurements a training run's settings ask for (none when `test_rows` is None); rows whose
+    prompt is over --max_prompt_tokens are dropped, as train rows are."""
+    tokenizer, limit = trainer.processing_class, run.max_prompt_tokens
+    measured = None if test_rows is None else drop_long_prompts(test_rows, tokenizer, limit, run.eval_split)
     return AccuracyCallback(
         trainer,
-        test_rows,
+        measured,
         answer_format,
         before_and_after=run.final_eval and test_rows is not None,
         every_steps=run.eval_every_steps if test_rows is not None else 0,
@@ -309,8 +313,9 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     max_new = training_args.max_completion_length
     trained = (Path(path) / "trainer_state.json").is_file()
-    rows = list(islice(test_rows, run.eval_limit))
     tokenizer = models.load_tokenizer(model_args, training_args)
+    kept = drop_long_prompts(test_rows, tokenizer, run.max_prompt_tokens, run.eval_split)  # as train rows are
+    rows = list(islice(kept, run.eval_limit))
     drawn = sampling(run, training_args)
     asked = protocols(run, answer_format, test_rows, train_rows, training=False)  # before the weights
     model = None if training_args.use_vllm else models.load_for_inference(model_args, training_args)

@@ -509,5 +509,11 @@ def watch(trainer, off, reward_funcs, answer_format, measured: int = 0) -> Healt
     roles = reward_roles(reward_funcs, answer_format)
     health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))
     trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
+    if "not_finite" in health.watcher.enabled and getattr(trainer, "generation_config", None) is not None:
+        # An update that diverged (a learning rate far too high) can leave finite weights whose logits overflow:
+        # sampling would then stop in torch.multinomial with a traceback before any loss shows it. With inf and NaN
+        # logits replaced, the batch is sampled, its loss is not finite, and the check stops the run (exit 3).
+        # (transformers' generate only: with vLLM, TRL builds no generation_config.)
+        trainer.generation_config.remove_invalid_values = True
     trainer.add_callback(_EndOfRunLine(health))
     return health

@@ -114,6 +114,12 @@ def load_tokenizer(model_args, training_args):
             "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
             "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
         ) from None
+    if not tokenizer.chat_template:  # a base model: apply_chat_template would raise in data prep or evaluation
+        raise RecipeError(
+            f"The model {name!r} has no chat template (a base model?): the recipe prompts a chat model with a system "
+            "and a user message. Use an instruct model (e.g. Qwen/Qwen2.5-1.5B-Instruct), or give this one a "
+            "chat template (chat_template.jinja, or chat_template in its tokenizer_config.json)"
+        )
     return set_pad_token(stop_at_end_of_turn(tokenizer, name, model_args, training_args))
 
 

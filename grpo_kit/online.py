@@ -9,18 +9,33 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from grpo_kit import RecipeError
+
 logger = logging.getLogger("grpo_demo")
 
 PROBE_SECONDS = 3.0
 
 
 def go_offline_if_unreachable(values: dict) -> bool:
-    """Probe the Hub once if the run would fetch its model or data set there; unreachable: say so, work offline."""
+    """Probe the Hub once if the run would fetch its model or data set there, or push to it; unreachable: say so,
+    work offline. A run that would push its model (`--push_to_hub`) is refused then, before anything loads."""
     import huggingface_hub.constants
 
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        return True
-    if Path(values["model_name_or_path"]).expanduser().is_dir() and values["dataset"]:
+    pushes = values.get("push_to_hub") and not values.get("eval_only") and values.get("ask") is None
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE or _unreachable(values, pushes)
+    if offline and pushes:
+        raise RecipeError(
+            "push_to_hub: the Hugging Face Hub cannot be reached (no network, or HF_HUB_OFFLINE is set), and the "
+            "run would fail at its first push: drop --push_to_hub, and upload the saved model later "
+            f"(hf upload <your-repo> {values.get('output_dir')})"
+        )
+    return bool(offline)
+
+
+def _unreachable(values: dict, pushes: bool) -> bool:
+    import huggingface_hub.constants
+
+    if Path(values["model_name_or_path"]).expanduser().is_dir() and values["dataset"] and not pushes:
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from grpo_kit import RecipeError
-from grpo_kit.models import installed_version
+from grpo_kit.models import installed_version, world_size
 
 logger = logging.getLogger("grpo_demo")
 
@@ -227,7 +227,7 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
     state = folder / "trainer_state.json"
-    missing = [] if isinstance(read_json(state), dict) else [f"{state.name}{' (damaged)' if state.is_file() else ''}"]
+    missing = [f"{state.name}{f' ({why})' if state.is_file() else ''}"] if (why := state_damage(state)) else []
     if not (weights := [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]):
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
@@ -246,6 +246,22 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     rng = sorted(folder.glob("rng_state*.pth"))
     missing += [f"{path.name} (truncated or damaged)" for path in rng if not _loads(path)]
     return missing if rng else [*missing, "rng_state.pth"]
+
+
+def state_damage(path: Path) -> str | None:
+    """What makes a checkpoint's trainer_state.json unusable for a resume ("damaged: ..."), None when it is sound:
+    the step a resume continues from (and names the next checkpoint by) a count, the epoch a number, the logs a
+    list. transformers reads them unchecked: a step of -3 would train from -3 and write over checkpoint-4."""
+    if not isinstance(state := read_json(path), dict):
+        return "damaged"
+    step, epoch = state.get("global_step"), state.get("epoch", 0)
+    if type(step) is not int or step < 0:
+        return f"damaged: global_step {step!r} is not a step count"
+    if epoch is not None and (type(epoch) not in (int, float) or not 0 <= epoch < float("inf")):
+        return f"damaged: epoch {epoch!r} is not a number of epochs"
+    if not isinstance(state.get("log_history", []), list):
+        return "damaged: log_history is not a list"
+    return None
 
 
 def _loads(path: Path) -> bool:
@@ -322,7 +338,9 @@ def resume(values: dict) -> str | None:
             f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "
             "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
         )
-    record, changed = read_run_record(Path(path).parent) or {}, []  # the run the checkpoint belongs to
+    record, changed = read_run_record(Path(path).parent), []  # the run the checkpoint belongs to
+    held = "" if record else " (as the checkpoint's optimizer, scheduler and trainer state hold them)"
+    record = record or {"settings": {"training": checkpoint_settings(path)}}  # a checkpoint copied on its own
     for section, names in FIXED_ON_RESUME.items():  # `name: was -> now` for each that differs from the record's
         stored = record.get("settings", {}).get(section, {})
         for name in (n for n in names if n in stored and values[n] is not None):  # None: derived from others
@@ -339,12 +357,71 @@ def resume(values: dict) -> str | None:
         listed = "\n".join(f"  - {change}" for change in changed)
         if not values["allow_changed_settings"]:
             raise RecipeError(
-                f"Resuming {path} with settings its run did not start with:\n{listed}\n"
+                f"Resuming {path} with settings its run did not start with{held}:\n{listed}\n"
                 "The checkpoint's optimizer and schedule follow the old ones: resume with the same settings, start "
                 "a new run (another --output_dir), or resume anyway: --allow_changed_settings true"
             )
         logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
     return path
+
+
+def _torch_file(path: Path, mmap: bool = False) -> dict:
+    """A checkpoint's torch file as tensors and plain values only (`weights_only`: nothing unpickled runs), {} when
+    absent or unreadable; `mmap`: tensors mapped, not read (the optimizer's state is 12 bytes a parameter)."""
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():
+            loaded = torch.load(path, weights_only=True, mmap=mmap, map_location="cpu")
+    except Exception:  # absent (DeepSpeed keeps its own), or damaged: missing_parts says which
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def checkpoint_settings(checkpoint: str | Path) -> dict:
+    """The fixed settings a checkpoint holds itself, for one copied without its run's record. transformers also
+    pickles the whole TrainingArguments into training_args.bin, which only an unsafe unpickling reads; so it is not
+    read. Compared instead: learning_rate (the scheduler's base rate), adam_beta1, adam_beta2 and weight_decay (the
+    optimizer's parameter groups; the decayed group's rate), per_device_train_batch_size (trainer_state.json's
+    train_batch_size). Those it does not hold are left out."""
+    folder, found = Path(checkpoint), {}
+    if rates := _torch_file(folder / "scheduler.pt").get("base_lrs"):
+        found["learning_rate"] = max(rates)
+    groups = [g for g in _torch_file(folder / "optimizer.pt", mmap=True).get("param_groups") or [] if "params" in g]
+    if betas := [g["betas"] for g in groups if len(g.get("betas") or ()) == 2]:
+        found["adam_beta1"], found["adam_beta2"] = (float(x) for x in betas[0])
+    if decays := [g["weight_decay"] for g in groups if "weight_decay" in g]:
+        found["weight_decay"] = max(decays)
+    if isinstance(batch := (read_json(folder / "trainer_state.json") or {}).get("train_batch_size"), int):
+        import torch
+
+        # The trainer's batch per process: per device x the GPUs one process drives (all of them without a launcher)
+        gpus = 1 if world_size() > 1 or not torch.cuda.is_available() else max(1, torch.cuda.device_count())
+        found["per_device_train_batch_size"] = batch // gpus
+    return found
+
+
+def same_parameters(model, checkpoint: str | Path) -> None:
+    """A resumed checkpoint's optimizer state is for the weights this run trains (their number and shapes): one of
+    another model or adapter would fail in the optimizer's loading with a traceback of parameter groups."""
+    from collections import Counter
+
+    state = _torch_file(Path(checkpoint) / "optimizer.pt", mmap=True)
+    if not (groups := state.get("param_groups")):
+        return  # none to compare (DeepSpeed keeps its own)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    counted = sum(len(g.get("params") or []) for g in groups)
+    shapes = Counter(tuple(s["exp_avg"].shape) for s in (state.get("state") or {}).values() if "exp_avg" in s)
+    if counted == len(trained) and not shapes - Counter(tuple(p.shape) for p in trained):
+        return
+    held = sum(s["exp_avg"].numel() for s in (state.get("state") or {}).values() if "exp_avg" in s)
+    size = f" ({held:,} parameters)" if held else ""
+    raise RecipeError(
+        f"{checkpoint}: its optimizer state is for {counted} weight tensors{size}, and this run "
+        f"trains {len(trained)} ({sum(p.numel() for p in trained):,}): the checkpoint is of another model or adapter. "
+        "Resume it with the model and adapter settings it trained with, or start a new run (another --output_dir)"
+    )
 
 
 def same_data(train, run, training_args) -> None:
@@ -444,6 +521,8 @@ def start(trainer, settings: dict, dataset) -> dict | None:
 
     rotate_own_checkpoints(trainer)
     args = trainer.args
+    if args.resume_from_checkpoint:
+        same_parameters(trainer.model, args.resume_from_checkpoint)
     if not trainer.accelerator.is_main_process:
         return None
     record = write_run_record(

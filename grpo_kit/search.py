@@ -12,6 +12,7 @@ study lives in an Optuna storage, which the same command continues or several wo
 import argparse
 import ctypes
 import json
+import math
 import os
 import shlex
 import signal
@@ -31,6 +32,12 @@ from grpo_kit.runs import alive, read_json, started_at
 
 OPTUNA_PIN = "optuna==5.0.0"
 WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learning_rate, temperature
+DRIVERS = {
+    "psycopg": "'psycopg[binary]'",
+    "psycopg2": "psycopg2-binary",
+    "pymysql": "PyMySQL",
+    "MySQLdb": "mysqlclient",
+}  # module: pip package
 FINISHED_ATTR = "returncode"  # set on every trial whose run ended (well or not): the others were interrupted
 
 
@@ -56,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials: at least 1")
+    for problem in range_problems(args):
+        parser.error(problem)
+    if args.heartbeat < 1:
+        parser.error(f"--heartbeat {args.heartbeat}: at least 1 second between a running trial's heartbeats")
+    if args.validation_rows is not None and args.validation_rows < 1:
+        parser.error(f"--validation_rows {args.validation_rows}: at least 1 row to score the trials on")
     if not args.recipe.is_file():
         parser.error(f"--recipe {args.recipe}: no such file")
     if recipe_args is None:
@@ -70,7 +83,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.validation_rows = 256 if "--demo" in recipe_args else 500
     args.folder = args.folder or Path("outputs") / "search" / args.study
     args.storage = args.storage or f"sqlite:///{(args.folder / 'study.db').resolve()}"
+    if args.storage.startswith("sqlite:///") and args.storage != "sqlite:///:memory:":
+        where = Path(args.storage.removeprefix("sqlite:///")).parent
+        if where.resolve() != args.folder.resolve() and not where.is_dir():  # the search makes its own folder, no other
+            parser.error(f"--storage {args.storage}: no folder {where} for the database: make it, or fix the path")
     return args
+
+
+def range_problems(args) -> list[str]:
+    """The searched ranges (LOW HIGH, each given as two numbers): finite, LOW below HIGH, within what the recipe
+    takes (a learning rate searched on a log scale, so above 0)."""
+    from grpo_kit.checks import MAX_LEARNING_RATE, MIN_TEMPERATURE
+
+    limits = {
+        "weights": (-math.inf, math.inf, "each reward's weight"),
+        "learning_rate": (0, MAX_LEARNING_RATE, f"above 0 (a log scale) and at most {MAX_LEARNING_RATE:g}"),
+        "temperature": (MIN_TEMPERATURE, math.inf, f"at least {MIN_TEMPERATURE:g}"),
+    }
+    found = []
+    for name, (floor, ceiling, rule) in limits.items():
+        if (given := getattr(args, name)) is None:
+            continue
+        low, high = given
+        shown = f"--{name} {low:g} {high:g}"
+        if not all(math.isfinite(x) for x in given):
+            found.append(f"{shown}: LOW and HIGH must be finite numbers")
+        elif not low < high:
+            found.append(f"{shown}: a range LOW HIGH with LOW below HIGH (--{name} {high:g} {low:g}?)")
+        elif not (floor < low if name == "learning_rate" else floor <= low) or not high <= ceiling:
+            found.append(f"{shown}: {rule}")
+    return found
 
 
 def reward_names(recipe: Path) -> list[str]:
@@ -109,6 +151,12 @@ def open_study(args, optuna, names: list[str]):
             try:
                 storage = optuna.storages.RDBStorage(args.storage, heartbeat_stale_trial_callback=run_again, **kwargs)
                 break
+            except ImportError as error:  # a database whose driver is not installed (PostgreSQL: psycopg2)
+                driver = getattr(error.__cause__, "name", None) or "its database driver"
+                package = DRIVERS.get(driver, driver)
+                raise RecipeError(
+                    f"--storage {args.storage}: needs {driver}, which is not installed: pip install {package}"
+                ) from None
             except ArgumentError as error:  # not a database URL this machine can open: no retry will change that
                 raise RecipeError(f"--storage {args.storage}: {error} (an Optuna URL: sqlite:///study.db)") from None
             except SQLAlchemyError as error:  # another worker creating the tables now: they exist once it is done
@@ -127,6 +175,15 @@ def open_study(args, optuna, names: list[str]):
             break
         time.sleep(0.1)
     started = study.user_attrs.get("terms") or {}
+    if started != json.loads(json.dumps(own)) and not_started(study, optuna):
+        # A study no trial ran in yet (its first command stopped before a run began): nothing to compare with.
+        print(f"Study {args.study!r} has no trial that ran yet: its terms are this command's now", flush=True)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # not run again: of the old terms
+            if trial.user_attrs.get("default_weights"):  # the recipe's weights still go first
+                study.enqueue_trial({f"{WEIGHT_PREFIX}{n}": 1.0 for n in names}, user_attrs={"default_weights": True})
+        study.set_user_attr("terms", own)
+        started = own
     if started != json.loads(json.dumps(own)):
         changed = {key: (started.get(key), value) for key, value in own.items() if started.get(key) != value}
         raise RecipeError(
@@ -134,6 +191,22 @@ def open_study(args, optuna, names: list[str]):
             f"compare: {changed} (started with, now). Run it with the same, or name another --study"
         )
     return study, storage
+
+
+def not_started(study, optuna) -> bool:
+    """Whether no trial of `study` ran a recipe: none finished one, and none is running with a live worker (on this
+    machine; a worker elsewhere counts as live)."""
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False):
+        if FINISHED_ATTR in trial.user_attrs or trial.state == optuna.trial.TrialState.COMPLETE:
+            return False
+        worker = trial.user_attrs.get("worker")
+        live = worker is not None and (
+            worker.get("host") != host or alive(worker.get("pid", -1), worker.get("started"))
+        )
+        if trial.state == optuna.trial.TrialState.RUNNING and live:
+            return False
+    return True
 
 
 def run_again(study, trial) -> None:

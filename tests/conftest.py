@@ -123,6 +123,21 @@ def tiny_dir(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def base_model_dir(tiny_dir, tmp_path_factory):
+    """The tiny model saved without a chat template, as a base (not instruct) model comes."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tiny-base") / "tiny-base"
+    shutil.copytree(tiny_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     """The smoke preset's tiny Llama model and tokenizer with Llama 3's chat conventions, saved in a folder as
     `--smoke --tiny_model llama3` builds them."""

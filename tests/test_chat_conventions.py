@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import run_recipe
 
 import grpo_demo
 from grpo_kit import demo, evaluation, generation, models, smoke
@@ -345,3 +346,16 @@ def test_warm_start_targets_end_where_a_turn_ends_after_prompts_with_one_bos(kin
     triples = demo.examples(tokenizer, FMT, train)
     assert all(target[-1] == tokenizer.convert_tokens_to_ids(end) for _, target, _ in triples)
     assert all(bos_count(prompt, tokenizer) == (kind == "llama3") for prompt, _, _ in triples)
+
+
+@pytest.mark.parametrize("mode", [["--max_steps", "1"], ["--eval_only"]])
+def test_a_base_model_without_a_chat_template_is_named_not_a_traceback(mode, base_model_dir, gsm8k_dir, tmp_path):
+    args = ["--model_name_or_path", str(base_model_dir), "--dataset", str(gsm8k_dir), *mode, "--report_to", "none"]
+    done = run_recipe([*args, "--output_dir", str(tmp_path / "run")], tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "Traceback" not in done.stdout
+    assert (
+        f"The model '{base_model_dir}' has no chat template (a base model?): the recipe prompts a chat model with a "
+        "system and a user message. Use an instruct model (e.g. Qwen/Qwen2.5-1.5B-Instruct), or give this one a chat "
+        "template (chat_template.jinja, or chat_template in its tokenizer_config.json)"
+    ) in done.stdout

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from conftest import refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, smoke
+from grpo_kit import RecipeError, models, smoke
 from grpo_kit.runs import data_fingerprint
 
 
@@ -280,3 +281,40 @@ def test_validation_rows_are_held_out_of_training_the_same_for_every_run(gsm8k_d
     assert hold_out(rows, 0) == (rows, None)
     with pytest.raises(RecipeError, match="validation_rows=64: the train split has 64 usable rows: hold out fewer"):
         hold_out(rows, 64)
+
+
+def long_test_question_folder(tmp_path):
+    """GSM8K-format data whose test row 1 is a 40 KB question."""
+    folder = smoke.write_gsm8k_folder(tmp_path / "gsm8k", n_train=8, n_test=4)
+    rows = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
+    rows[1]["question"] = "How many apples are there " + "and more apples " * 2500 + "?"
+    write_rows(folder, rows, split="test")
+    return folder
+
+
+def test_evaluation_rows_over_the_cap_are_dropped_as_train_rows_are(tmp_path, tiny_dir, monkeypatch, caplog):
+    from grpo_kit import evaluation
+
+    monkeypatch.chdir(tmp_path)
+    folder = long_test_question_folder(tmp_path)
+    args = ["--model_name_or_path", str(tiny_dir), "--dataset", str(folder), "--max_completion_length", "8"]
+    with caplog.at_level(logging.INFO, logger="grpo_demo"):
+        summaries = grpo_demo.main([*args, "--eval_only", "--output_dir", "eval-run"])
+    assert [summary["n"] for summary in summaries] == [3]
+    assert "Test prompts: 4 rows" in caplog.text and "1 over 256 tokens dropped (rows [1])" in caplog.text
+
+    run, training_args, model_args = grpo_demo.parse_settings([*args, "--output_dir", "train-run"])  # a training run's
+    tokenizer = models.load_tokenizer(model_args, training_args)
+    trainer = SimpleNamespace(processing_class=tokenizer, model=None, args=training_args)
+    test = grpo_demo.get_gsm8k_questions("test", str(folder))
+    callback = evaluation.callback(trainer, test, run, grpo_demo.ANSWER_FORMAT)
+    assert len(callback.rows) == 3 and test[1]["question"] not in [row["question"] for row in callback.rows]
+
+
+def test_every_evaluation_row_over_the_cap_stops_the_run(tmp_path, tiny):
+    data = grpo_demo.get_gsm8k_questions("test", str(smoke.write_gsm8k_folder(tmp_path / "g", n_train=4, n_test=2)))
+    with pytest.raises(RecipeError) as stop:
+        grpo_demo.drop_long_prompts(data, tiny[0], max_tokens=10, split="test")
+    assert (
+        str(stop.value) == "Every test prompt is over 10 tokens: no test question to measure. Raise --max_prompt_tokens"
+    )

@@ -258,7 +258,7 @@ def smoke_run(tmp_path_factory):
         patch.chdir(folder)
         patch.setattr(PreTrainedModel, "from_pretrained", classmethod(counting))
         grpo_demo.main(
-            ["--smoke", "--report_to", "none", "--learning_rate", "0.05", "--eval_every_steps", "2"]
+            ["--smoke", "--report_to", "none", "--learning_rate", "0.01", "--eval_every_steps", "2"]
             + ["--eval_protocols", "kshot", "chat", "--eval_shots", "3", "--eval_samples", "4"]
         )
     return folder, loads

@@ -8,7 +8,7 @@ import datasets.config
 import huggingface_hub.constants
 import pytest
 
-from grpo_kit import online
+from grpo_kit import RecipeError, online
 
 
 @pytest.fixture
@@ -42,3 +42,26 @@ def test_a_run_of_local_files_does_not_ask(hub_flags_on, monkeypatch, tmp_path):
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed the Hub"))
     assert online.go_offline_if_unreachable({"model_name_or_path": str(tmp_path), "dataset": str(tmp_path)}) is False
     assert huggingface_hub.constants.HF_HUB_OFFLINE is False
+
+
+def test_pushing_to_an_unreachable_hub_is_refused_before_anything_loads(hub_flags_on, monkeypatch, tmp_path):
+    def unreachable(address, timeout):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    local = {"model_name_or_path": str(tmp_path), "dataset": str(tmp_path), "output_dir": "outputs/run"}
+    with pytest.raises(RecipeError) as stop:
+        online.go_offline_if_unreachable({**local, "push_to_hub": True, "eval_only": False, "ask": None})
+    assert str(stop.value) == (
+        "push_to_hub: the Hugging Face Hub cannot be reached (no network, or HF_HUB_OFFLINE is set), and the run would "
+        "fail at its first push: drop --push_to_hub, and upload the saved model later (hf upload <your-repo> "
+        "outputs/run)"
+    )
+    assert online.go_offline_if_unreachable({**local, "push_to_hub": True, "eval_only": True, "ask": None})
+
+
+def test_pushing_offline_is_refused_by_the_recipe(tmp_path):
+    from conftest import refused
+
+    message = refused(["--smoke", "--push_to_hub", "true", "--output_dir", str(tmp_path / "run")])
+    assert "push_to_hub: the Hugging Face Hub cannot be reached" in message

@@ -160,6 +160,30 @@ def test_a_non_finite_loss_stops_the_run_with_a_checkpoint_it_resumes_from(tmp_p
     assert json.loads((out / "health.json").read_text())["status"] == "findings"  # the stop's finding, kept
 
 
+DIVERGING = """
+import math
+
+from grpo_kit import checks
+
+checks.MAX_LEARNING_RATE = math.inf  # a rate the checks refuse (5e6 for 5e-6), let through to see the run diverge
+
+import grpo_demo
+
+grpo_demo.main()
+"""
+
+
+def test_a_run_that_diverges_stops_on_its_non_finite_loss_not_in_sampling(tmp_path):
+    script = tmp_path / "diverging.py"
+    script.write_text(DIVERGING)
+    args = ["--smoke", "--max_steps", "6", "--learning_rate", "5e6", "--output_dir", "outputs/diverging"]
+    stopped = run_recipe(args, cwd=tmp_path, script=script)
+    assert stopped.returncode == 3, stopped.stdout[-3000:]
+    assert "Traceback" not in stopped.stdout
+    assert re.search(r"Stopped at step \d: the gradients are not finite", stopped.stdout)
+    assert "a new run with --learning_rate 500000 (now 5e+06)" in stopped.stdout
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Resuming
 

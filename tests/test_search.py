@@ -225,6 +225,63 @@ def test_a_study_goes_on_only_with_the_terms_it_started_with(fake_recipe, capsys
     assert "--output_dir is the search's to set for each trial" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--weights", "2", "0"], "--weights 2 0: a range LOW HIGH with LOW below HIGH (--weights 0 2?)"),
+        (["--weights", "nan", "1"], "--weights nan 1: LOW and HIGH must be finite numbers"),
+        (["--learning_rate", "0", "1e-3"], "--learning_rate 0 0.001: above 0 (a log scale) and at most 0.01"),
+        (["--learning_rate", "1e-6", "5e6"], "--learning_rate 1e-06 5e+06: above 0 (a log scale) and at most 0.01"),
+        (["--temperature", "0", "1"], "--temperature 0 1: at least 0.01"),
+        (["--heartbeat", "0"], "--heartbeat 0: at least 1 second between a running trial's heartbeats"),
+        (["--validation_rows", "0"], "--validation_rows 0: at least 1 row to score the trials on"),
+        (
+            ["--storage", "sqlite:///no/such/folder/study.db"],
+            "--storage sqlite:///no/such/folder/study.db: no folder no/such/folder for the database: make it, or fix "
+            "the path",
+        ),
+    ],
+)
+def test_the_searchs_own_arguments_are_checked_before_it_starts(fake_recipe, capsys, given, message):
+    with pytest.raises(SystemExit) as stop:
+        search.main(search_args(fake_recipe, fake_recipe.parent / "study", 2, *given, "--", "--smoke"))
+    assert stop.value.code == 2
+    assert f"python -m grpo_kit.search: error: {message}\n" in capsys.readouterr().err
+    assert not (fake_recipe.parent / "study").exists()  # nothing started
+
+
+@needs_optuna
+def test_a_database_whose_driver_is_not_installed_names_the_package(fake_recipe, monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
+    url = "postgresql+psycopg://user@localhost/study"
+    with pytest.raises(SystemExit) as stop:
+        search.main(search_args(fake_recipe, fake_recipe.parent / "study", 1, "--storage", url, "--", "--smoke"))
+    assert str(stop.value) == f"--storage {url}: needs psycopg, which is not installed: pip install 'psycopg[binary]'"
+
+
+@needs_optuna
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage", "ignore:Argument ``heartbeat")
+def test_a_study_no_trial_ran_in_takes_the_terms_of_the_command_that_corrects_its_start(fake_recipe, capsys):
+    """A first command that stopped before a run began (its worker gone mid-trial) leaves terms no trial used: the
+    corrected command is not refused as other terms, and the stopped trial is not run again."""
+    folder = fake_recipe.parent / "study"
+    folder.mkdir()
+    args = search.parse_args(search_args(fake_recipe, folder, 1, "--weights", "0", "3", "--", "--smoke"))
+    study, _ = search.open_study(args, optuna, search.reward_names(fake_recipe))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    study.ask().set_user_attr("worker", {"host": socket.gethostname(), "pid": gone.pid, "started": None})
+    search.main(search_args(fake_recipe, folder, 1, "--", "--smoke"))
+    assert "has no trial that ran yet: its terms are this command's now" in capsys.readouterr().out
+    study = load(folder)
+    assert study.user_attrs["terms"]["weights"] == [0.0, 2.0]
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    assert study.trials[1].user_attrs["default_weights"]  # the recipe's weights, first again
+    with pytest.raises(SystemExit) as stop:  # once a trial ran, the terms hold
+        search.main(search_args(fake_recipe, folder, 2, "--weights", "0", "3", "--", "--smoke"))
+    assert "was started with other terms, so its trials would not compare" in str(stop.value)
+
+
 @needs_optuna
 @pytest.mark.parametrize("storage", ["bogus://x", "not a url"])
 def test_a_storage_that_cannot_be_opened_is_said_at_once(fake_recipe, storage):

@@ -293,7 +293,19 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--smoke", "--demo"], "--smoke and --demo are presets of their own: choose one"),
         (["--use_peft", "--lora_r", "0"], "lora_r=0: the adapter's rank must be at least 1"),
         (["--ask", " "], "ask is empty: give the question to answer"),
-        (["--learning_rate", "nan"], "learning_rate=nan: must be a positive number"),
+        (["--learning_rate", "nan"], "learning_rate=nan: must be positive and at most 0.01 (the recipe uses 5e-6)"),
+        (["--learning_rate", "0"], "learning_rate=0.0: must be positive and at most 0.01"),
+        (
+            ["--learning_rate", "5e6"],
+            "learning_rate=5000000.0: must be positive and at most 0.01 (the recipe uses 5e-6); did you mean 5e-06?",
+        ),
+        (["--learning_rate", "0.5"], "learning_rate=0.5: must be positive and at most 0.01 (the recipe uses 5e-6)"),
+        (
+            ["--temperature", "1e-40"],
+            "temperature=1e-40: below 0.01 sampling is greedy in effect, and the logits divided by it overflow "
+            "(to inf near 1e-38): use 0.01 or more (the recipe uses 0.9)",
+        ),
+        (["--eval_temperature", "1e-40"], "eval_temperature=1e-40: below 0.01 sampling is greedy in effect"),
         (["--temperature", "0"], "temperature=0.0: sampling needs a positive temperature"),
         (["--seed", "-1"], "seed=-1: must be from 0 to 2**32 - 1"),
         (["--seed", "4294967296"], "seed=4294967296: must be from 0 to 2**32 - 1"),
@@ -469,6 +481,30 @@ def test_resuming_takes_only_a_complete_checkpoint(tmp_path, caplog):
     )
 
 
+@pytest.mark.parametrize(
+    ("step", "said"),
+    [("abc", "'abc'"), (None, "None"), (2.5, "2.5"), (-3, "-3"), (True, "True")],
+)
+def test_a_checkpoint_whose_state_has_no_step_count_is_damaged_and_skipped(tmp_path, caplog, step, said):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-2", step=2)
+    (fake_checkpoint(run / "checkpoint-4") / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(run / "checkpoint-2")
+    damaged = f"trainer_state.json (damaged: global_step {said} is not a step count)"
+    assert f"Skipping {run / 'checkpoint-4'}: incomplete, without {damaged}" in caplog.text
+    message = refused(["--output_dir", str(run), "--resume_from_checkpoint", str(run / "checkpoint-4")])
+    assert f"checkpoint-4: incomplete, without {damaged}; the newest complete one is {run / 'checkpoint-2'}" in message
+
+
+def test_a_checkpoint_whose_state_has_no_epoch_count_is_damaged(tmp_path):
+    (fake_checkpoint(tmp_path / "checkpoint-2") / "trainer_state.json").write_text('{"global_step": 2, "epoch": "x"}')
+    assert runs.missing_parts(tmp_path / "checkpoint-2") == [
+        "trainer_state.json (damaged: epoch 'x' is not a number of epochs)"
+    ]
+
+
 def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, caplog):
     run = tmp_path / "run"
     fake_checkpoint(run / "checkpoint-2")
@@ -497,6 +533,47 @@ def test_resuming_with_settings_the_run_did_not_start_with_is_refused(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
         assert resolved([*argv, "--allow_changed_settings", "true"]).learning_rate == 1e-5
     assert "learning_rate: 5e-06 -> 1e-05" in caplog.text
+
+
+def test_a_checkpoint_copied_without_its_run_record_is_compared_with_the_settings_it_holds(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path / "copied" / "checkpoint-2", step=2)  # no run_record.json beside it
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "train_batch_size": 16}))
+    torch.save({"base_lrs": [5e-6], "last_epoch": 2}, checkpoint / "scheduler.pt")
+    groups = [{"lr": 4e-6, "betas": (0.9, 0.99), "weight_decay": w, "params": [i]} for i, w in enumerate((0.1, 0.0))]
+    torch.save({"state": {}, "param_groups": groups}, checkpoint / "optimizer.pt")
+    argv = ["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(checkpoint)]
+    assert resolved(argv).resume_from_checkpoint == str(checkpoint)  # the recipe's settings: those it holds
+    message = refused([*argv, "--learning_rate", "1e-3", "--adam_beta2", "0.999", "--per_device_train_batch_size", "8"])
+    assert message.startswith(
+        f"Resuming {checkpoint} with settings its run did not start with (as the checkpoint's optimizer, scheduler "
+        "and trainer state hold them):\n  - learning_rate: 5e-06 -> 0.001\n  - adam_beta2: 0.99 -> 0.999\n"
+        "  - per_device_train_batch_size: 16 -> 8\n"
+    )
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_its_optimizer_state_loads(tmp_path):
+    def trained(model):
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+        return optimizer.state_dict()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    torch.save(trained(model), checkpoint / "optimizer.pt")
+    runs.same_parameters(model, checkpoint)  # its own: fine
+    other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    with pytest.raises(RecipeError) as stop:
+        runs.same_parameters(other, checkpoint)
+    assert str(stop.value) == (
+        f"{checkpoint}: its optimizer state is for 4 weight tensors (23 parameters), and this run trains 4 (37): the "
+        "checkpoint is of another model or adapter. Resume it with the model and adapter settings it trained with, "
+        "or start a new run (another --output_dir)"
+    )
+    with pytest.raises(RecipeError, match="optimizer state is for 4 weight tensors .* this run trains 2 "):
+        runs.same_parameters(torch.nn.Sequential(torch.nn.Linear(4, 2)), checkpoint)
 
 
 def test_resuming_a_finished_run_trains_nothing(tmp_path):
