@@ -269,7 +269,7 @@ def test_every_process_of_a_run_rotates_so(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoint-1-keep").mkdir(parents=True)
     state = SimpleNamespace(global_step=0, best_model_checkpoint=None)
-    args = SimpleNamespace(output_dir=str(out), save_total_limit=1, should_save=True)
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=1, should_save=True, resume_from_checkpoint=None)
 
     def save(model, trial):  # the trainer's save, its rotation included
         (out / f"checkpoint-{state.global_step}").mkdir()
