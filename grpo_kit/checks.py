@@ -298,6 +298,14 @@ def measuring(v: dict) -> Iterator[str]:
         yield f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k"
     if (temperature := v.get("eval_temperature")) is not None and not 0 < temperature < math.inf:
         yield f"eval_temperature={temperature}: sampling needs a positive temperature"
+    unmeasured = [f"eval_protocols {' '.join(p)}" for p in [v.get("eval_protocols") or []] if set(p) - {"recipe"}]
+    unmeasured += [f"eval_samples {v['eval_samples']}"] if v["eval_samples"] > 0 else []
+    if runs.trains(v) and not v["final_eval"] and unmeasured:
+        yield (
+            f"{' and '.join(unmeasured)} apply to the baseline and final evaluation, and final_eval=false makes "
+            "neither: drop them, or --final_eval true (or measure the saved model after training: --eval_only "
+            "--model_name_or_path <output_dir>)"
+        )
     if unknown := [name for name in v.get("health_checks_off") or [] if name not in (*CHECKS, "all")]:
         yield f"health_checks_off: {', '.join(unknown)}: no such check (the checks: {', '.join(CHECKS)}; or all)"
 
