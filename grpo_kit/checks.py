@@ -306,8 +306,34 @@ def measuring(v: dict) -> Iterator[str]:
             "neither: drop them, or --final_eval true (or measure the saved model after training: --eval_only "
             "--model_name_or_path <output_dir>)"
         )
+    yield from held_out(v)
     if unknown := [name for name in v.get("health_checks_off") or [] if name not in (*CHECKS, "all")]:
         yield f"health_checks_off: {', '.join(unknown)}: no such check (the checks: {', '.join(CHECKS)}; or all)"
+
+
+def held_out(v: dict) -> Iterator[str]:
+    """`--eval_only --eval_split validation` of a model this recipe trained: the rows `--validation_rows` holds out
+    are "never trained on" only where its run held out as many or more (the draw is one: fewer are among them). Its
+    run record says: beside the model, or beside a checkpoint's folder."""
+    folder, n = Path(v["model_name_or_path"]).expanduser(), v["validation_rows"]
+    if not (v["eval_only"] and v["eval_split"] == "validation" and folder.is_dir()):
+        return
+    run_dir = folder.parent if re.fullmatch(r"checkpoint-\d+", folder.name) else folder
+    trained = ((runs.read_run_record(run_dir) or {}).get("settings") or {}).get("run", {}).get("validation_rows")
+    if trained is None and (run_dir / "trainer_state.json").is_file():
+        logger.warning(
+            "eval_split=validation: %s has no run record (%s): whether it trained on the rows --validation_rows %d "
+            "holds out cannot be told, and they are called held out on its word",
+            folder, run_dir / runs.RECORD_NAME, n,
+        )  # fmt: skip
+    if isinstance(trained, int) and trained < n:
+        which = "every one of them" if trained == 0 else f"all but {trained} of them"
+        yield (
+            f"eval_split=validation: {folder} was trained with validation_rows={trained} (its run record, "
+            f"{run_dir / runs.RECORD_NAME}), so of the {n} train rows --validation_rows {n} holds out it trained on "
+            f"{which}: measure the test split (--eval_split test)"
+            + (f", or the rows its run held out (--validation_rows {trained})" if trained else "")
+        )
 
 
 def updates_per_generation(v: dict) -> float:

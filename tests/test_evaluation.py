@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import refused, resolved
 
 import grpo_demo
 from grpo_kit import RecipeError, evaluation, generation, reports, scoring
@@ -390,6 +391,52 @@ def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_p
     weights.write_bytes((tiny_dir / "model.safetensors").read_bytes())
     with pytest.raises(RecipeError, match=f"Could not load the model '{broken}'"):
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])
+
+
+def trained_folder(tmp_path, validation_rows):
+    """A run's output folder as the recipe leaves it: its model (a config), its state and its run record."""
+    run = tmp_path / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    for folder in (run, run / "checkpoint-4"):
+        (folder / "config.json").write_text("{}")
+        (folder / "trainer_state.json").write_text("{}")
+    record = {"settings": {"run": {"validation_rows": validation_rows}}}
+    (run / "run_record.json").write_text(json.dumps(record))
+    return run
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["model", "checkpoint"])
+def test_validation_rows_a_model_trained_on_are_refused_as_held_out(gsm8k_dir, tmp_path, checkpoint):
+    run = trained_folder(tmp_path, 0)
+    model = run / "checkpoint-4" if checkpoint else run
+    flags = ["--eval_only", "--dataset", str(gsm8k_dir), "--eval_split", "validation", "--validation_rows", "8"]
+    message = refused([*flags, "--model_name_or_path", str(model)])
+    assert message == (
+        f"Invalid settings:\n  - eval_split=validation: {model} was trained with validation_rows=0 (its run "
+        f"record, {run / 'run_record.json'}), so of the 8 train rows --validation_rows 8 holds out it trained on "
+        "every one of them: measure the test split (--eval_split test)"
+    )
+    (run / "run_record.json").write_text(json.dumps({"settings": {"run": {"validation_rows": 3}}}))
+    assert refused([*flags, "--model_name_or_path", str(model)]).endswith(
+        "it trained on all but 3 of them: measure the test split (--eval_split test), or the rows its run held out "
+        "(--validation_rows 3)"
+    )
+    # As many as its run held out, or fewer (one draw: they are among them), are held out indeed; so is the test split.
+    for rows in ("3", "2"):
+        resolved([*flags[:-1], rows, "--model_name_or_path", str(model)])
+    resolved(["--eval_only", "--dataset", str(gsm8k_dir), "--validation_rows", "8", "--model_name_or_path", str(model)])
+
+
+def test_validation_rows_of_a_trained_model_without_a_run_record_are_said_unknown(gsm8k_dir, tmp_path, caplog):
+    run = trained_folder(tmp_path, 0)
+    (run / "run_record.json").unlink()
+    flags = ["--eval_only", "--dataset", str(gsm8k_dir), "--eval_split", "validation", "--validation_rows", "8"]
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        resolved([*flags, "--model_name_or_path", str(run)])
+    assert (
+        f"eval_split=validation: {run} has no run record ({run / 'run_record.json'}): whether it trained on the rows "
+        "--validation_rows 8 holds out cannot be told, and they are called held out on its word"
+    ) in caplog.text
 
 
 @pytest.mark.parametrize("before_and_after", [True, False], ids=["final-eval", "no-final-eval"])
