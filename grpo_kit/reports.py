@@ -32,8 +32,13 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
-# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's).
-TERMS = ("model", "questions_sha256", "max_new_tokens", "protocol", "protocol_details", "sampling")
+# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's,
+# without a split the test split's): the model, the questions and their split, the prompt (protocol and, where it
+# asks for and reads the recipe's format, its tags), the length, the samples.
+TERMS = (
+    "model", "questions_sha256", "split", "validation_rows", "max_new_tokens", "protocol", "protocol_details", "tags",
+    "sampling",
+)  # fmt: skip
 SAMPLING_TERMS = ("samples", "temperature", "seed")
 ACCURACY_LABELS = {  # the accuracy rows' labels where a protocol reads answers otherwise than the recipe's
     "kshot": {"accuracy_strict": "accuracy, strict (#### N)", "accuracy_lenient": "accuracy, flexible (last number)"},
@@ -49,6 +54,8 @@ def eval_name(base: str, protocol: str = "recipe") -> str:
 def _term(summary: dict, key: str):
     if key == "protocol":
         return summary.get(key, "recipe")
+    if key == "split":
+        return summary.get(key, "test")
     if key == "sampling":  # what makes two sets of samples alike
         return {k: sampling.get(k) for k in SAMPLING_TERMS} if (sampling := summary.get(key)) else None
     return summary.get(key)
@@ -82,6 +89,10 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
     if old.get("protocol_details") != new.get("protocol_details"):
         details = old.get("protocol_details"), new.get("protocol_details")
         return f"their {_term(old, 'protocol')} prompts differ: {details[0]} vs {details[1]}"
+    if None not in (tags := (old.get("tags"), new.get("tags"))) and tags[0] != tags[1]:  # None: recorded before
+        return f"they were asked for and read in other tags: {' '.join(tags[0])} vs {' '.join(tags[1])}"
+    if _term(old, "split") != _term(new, "split"):
+        return f"they were measured on different splits: {_term(old, 'split')} vs {_term(new, 'split')}"
     for key, label in (("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
         if old.get(key) != new.get(key):
             shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (old.get(key), new.get(key))

@@ -224,6 +224,50 @@ def test_no_comparison_of_a_baseline_of_another_model(tmp_path, caplog):
     assert "measured in different protocols: recipe vs chat" in caplog.text
 
 
+def test_an_evaluation_in_other_tags_is_written_beside_and_not_compared(tiny_dir, gsm8k_dir, tmp_path, capsys):
+    """`--eval_only --reasoning_tag think` where an evaluation in <reasoning> is: another measurement (the prompt asks
+    for other tags and the answer is read in them), written beside the first, never over it nor compared with it."""
+    out = tmp_path / "out"
+    flags = ["--eval_only", "--model_name_or_path", str(tiny_dir), "--dataset", str(gsm8k_dir), "--output_dir"]
+    flags += [str(out), "--max_completion_length", "4", "--eval_limit", "3", "--eval_batch_size", "3"]
+    grpo_demo.main(flags)
+    grpo_demo.main(flags)  # the same terms: measured again in place
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline"]
+    first = reports.read_summary(out, "baseline")
+    assert first["tags"] == ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+    grpo_demo.main([*flags, "--reasoning_tag", "think"])
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline", "baseline-2"]
+    assert reports.read_summary(out, "baseline") == first
+    assert reports.read_summary(out, "baseline-2")["tags"] == ["<think>", "</think>", "<answer>", "</answer>"]
+    assert "<think>" in reports.read_summary(out, "baseline-2")["first_prompt"]
+    # The chat protocol asks for no tags: other tags change nothing it measures.
+    grpo_demo.main([*flags, "--eval_protocols", "chat"])
+    grpo_demo.main([*flags, "--eval_protocols", "chat", "--reasoning_tag", "think"])
+    assert "baseline-chat-2" not in {p.name for p in (out / "eval").iterdir()}
+
+
+def test_the_split_and_the_rows_held_out_are_terms_of_an_evaluation(tmp_path, caplog):
+    """Two evaluations of the same questions on another split, or other held-out rows, are not the same one."""
+    test = {"model": "m", "questions_sha256": "q", "max_new_tokens": 8, "split": "test", "seconds": 1}
+    validation = {**test, "split": "validation", "validation_rows": 8}
+    records = records_of([True, False])
+    reports.write_report(tmp_path, "final", {**scoring.summarize([{**r, **FILLER} for r in records]), **test}, records)
+    assert reports.free_name(tmp_path, "final", test) == "final"
+    assert reports.free_name(tmp_path, "final", {k: v for k, v in test.items() if k != "split"}) == "final"  # older
+    assert reports.free_name(tmp_path, "final", validation) == "final-2"
+    reports.write_report(
+        tmp_path, "final-2", {**scoring.summarize([{**r, **FILLER} for r in records]), **validation}, records
+    )
+    assert reports.free_name(tmp_path, "final", {**validation, "validation_rows": 16}) == "final-3"
+    assert reports.why_not_comparable(test, validation) == "they were measured on different splits: test vs validation"
+    tags = {"tags": ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]}
+    think = {"tags": ["<think>", "</think>", "<answer>", "</answer>"]}
+    assert reports.why_not_comparable({**test, **tags}, {**test, **think}) == (
+        "they were asked for and read in other tags: <reasoning> </reasoning> <answer> </answer> vs "
+        "<think> </think> <answer> </answer>"
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A training run measures the trainer's own model, and loads it once
 
