@@ -20,7 +20,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
-from grpo_kit import RecipeError, generation, models, reports
+from grpo_kit import RecipeError, generation, models, reports, runs
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
 from grpo_kit.reports import compare, eval_name, write_report
 from grpo_kit.scoring import build_protocol, score, summarize, summarize_samples
@@ -243,6 +243,31 @@ class AccuracyCallback(TrainerCallback):
         should_log = control.should_log
         Trainer.log(self.trainer, {f"eval_{key}": summary[key] for key in LOGGED_METRICS})
         control.should_log = should_log
+
+    def finish_last_step(self, signals) -> bool:
+        """Where the run resumes from its last step's checkpoint (stopped in or after its final evaluation, before its
+        model was saved): that checkpoint's weights and state loaded and the run's end done, the final evaluation,
+        with no step more (the trainer's loop takes one on any resume). False otherwise: the trainer trains."""
+        from transformers import TrainerState
+
+        trainer, checkpoint = self.trainer, self.trainer.args.resume_from_checkpoint
+        saved = runs.read_json(Path(checkpoint) / "trainer_state.json") if checkpoint else None
+        end = trainer.args.max_steps if trainer.args.max_steps > 0 else (saved or {}).get("max_steps", 0)
+        if not (saved and 0 < end <= saved.get("global_step", 0)):
+            return False
+        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            raise RecipeError(
+                f"{checkpoint} is the run's last step: under DeepSpeed or FSDP its weights load only as training "
+                f"starts, which would train a step more. Evaluate it instead: --eval_only --model_name_or_path "
+                f"{checkpoint} (python, not accelerate launch: one process)"
+            )
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+        trainer.state.is_local_process_zero = trainer.is_local_process_zero()
+        trainer.state.is_world_process_zero = trainer.is_world_process_zero()
+        signals.phase = "end"  # a stop signal now: the run finishes
+        self.on_train_end(trainer.args, trainer.state, trainer.control)
+        return True
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self.before_and_after:

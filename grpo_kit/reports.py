@@ -131,9 +131,11 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     """`eval/<name>/summary.json` and `completions.jsonl` (one record a line) in `output_dir`; prints a table."""
     folder = eval_dir(output_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    (folder / COMPLETIONS).write_text("".join(lines), encoding="utf-8")
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    for file, text in ((COMPLETIONS, lines), (SUMMARY, json.dumps(summary, indent=2) + "\n")):
+        part = folder / f".{file}.part"  # whole or not at all: a stop while writing leaves the older file
+        part.write_text(text, encoding="utf-8")
+        part.replace(folder / file)
     protocol = _term(summary, "protocol") + " protocol"
     protocol += ", validation split (held out of train)" if summary.get("split") == "validation" else ""
     lines = [
@@ -147,10 +149,18 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     return folder
 
 
-def read_records(output_dir: str | Path, name: str) -> list[dict]:
+RECORD_KEYS = ("question", "gold", "completion", "correct_strict", "correct_lenient")  # what a comparison reads
+
+
+def read_records(output_dir: str | Path, name: str) -> list[dict] | None:
+    """The records of `eval/<name>/completions.jsonl` ([] without one); None where a line is damaged (cut short)."""
     path = eval_dir(output_dir, name) / COMPLETIONS
-    lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
-    return [json.loads(line) for line in lines if line.strip()]
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return None
+    return records if all(isinstance(r, dict) and all(k in r for k in RECORD_KEYS) for r in records) else None
 
 
 def paired_changes(old: list[dict], new: list[dict]) -> dict:
@@ -181,7 +191,16 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
         return None
     reason = why_not_comparable(old, new)
     old_records, new_records = read_records(output_dir, before), read_records(output_dir, after)
-    if not reason and not (len(old_records) == len(new_records) == old["n"]):
+    damaged = [(name, summary) for name, summary, records in ((before, old, old_records), (after, new, new_records))
+               if records is None]  # fmt: skip
+    if not reason and damaged:
+        name, summary = damaged[0]
+        reason = (
+            f"{eval_dir(output_dir, name) / COMPLETIONS} cannot be read (cut short?): measure {name} again, with the "
+            f"settings it was measured with: --eval_only --model_name_or_path {summary.get('model')} --output_dir "
+            f"{output_dir}"
+        )
+    elif not reason and not (len(old_records) == len(new_records) == old["n"]):
         reason = f"their completions.jsonl hold {len(old_records)} and {len(new_records)} of {old['n']} questions"
     if reason:
         logger.warning("No comparison of %s and %s in %s: %s", before, after, eval_dir(output_dir), reason)

@@ -235,11 +235,19 @@ def resume(values: dict) -> str | None:
             )
     if not (path and trains(values)):
         return path
-    step = (read_json(Path(path) / "trainer_state.json") or {}).get("global_step", 0)
-    if 0 < values["max_steps"] <= step:
+    state = read_json(Path(path) / "trainer_state.json") or {}
+    step, end = (
+        state.get("global_step", 0),
+        values["max_steps"] if values["max_steps"] > 0 else state.get("max_steps", 0),
+    )
+    if 0 < end <= step and finished(Path(path).parent, step):
         raise RecipeError(
-            f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "
+            f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
             "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+        )
+    if 0 < end <= step:  # stopped in or after the final evaluation, before the model was saved
+        logger.warning(
+            "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
         )
     record, changed = read_run_record(Path(path).parent) or {}, []  # the run the checkpoint belongs to
     for section, names in FIXED_ON_RESUME.items():  # `name: was -> now` for each that differs from the record's
@@ -264,6 +272,21 @@ def resume(values: dict) -> str | None:
             )
         logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
     return path
+
+
+def finished(output_dir: str | Path, step: int) -> bool:
+    """Whether the run in `output_dir` saved its final model after step `step`: its state (written after the model)
+    at that step or later, and its weights whole."""
+    folder = Path(output_dir)
+    state = read_json(folder / "trainer_state.json")
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    shards = [path for path in folder.glob("*.safetensors")]
+    return (
+        isinstance(state, dict)
+        and (state.get("global_step") or 0) >= step
+        and bool(weights)
+        and all(whole(path) for path in shards)
+    )
 
 
 def same_data(train, run, training_args) -> None:
