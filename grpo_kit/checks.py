@@ -347,6 +347,11 @@ def updates_per_generation(v: dict) -> float:
 
 def warnings(v: dict) -> Iterator[str]:
     """Settings that work but are probably not what the user wants: one line each."""
+    if runs.trains(v) and v.get("save_strategy") == "no":
+        yield (
+            "save_strategy=no: no checkpoint of the last step, so a run stopped in its final evaluation or before its "
+            "model is saved cannot be resumed to them (a stop signal still saves its step)"
+        )
     if v.get("eval_temperature") is not None and not v.get("eval_samples"):
         yield "eval_temperature is the temperature of eval_samples, which is 0: no samples are drawn"
     if v["tiny_model"] != TINY_MODELS[0] and not (v["smoke"] or v["demo"]):

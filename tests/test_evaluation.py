@@ -253,7 +253,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model
     a cut completions.jsonl of the baseline is said, not a traceback; a finished run has nothing to train."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "outputs" / "smoke-GRPO"
-    smoke = ["--smoke", "--eval_every_steps", "0"]
+    smoke = ["--smoke", "--eval_every_steps", "0", "--max_steps", "3"]  # save_steps 2: the last step saved too
     measure = evaluation.AccuracyCallback.measure
 
     def second_ctrl_c(self, rows, model_name, desc, *args, **kwargs):
@@ -266,13 +266,13 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model
         with pytest.raises(KeyboardInterrupt):
             grpo_demo.main(smoke)
     assert not (run / "model.safetensors").exists() and not (run / "eval" / "final").exists()
-    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     baseline = run / "eval" / "baseline" / "completions.jsonl"
     baseline.write_bytes(baseline.read_bytes()[:-40])  # cut short
 
     with caplog.at_level("WARNING", logger="grpo_demo"):
         grpo_demo.main([*smoke, "--resume_from_checkpoint", "latest"])
-    assert "checkpoint-4 is the run's last step, and the run has no final model: finishing it" in caplog.text
+    assert "checkpoint-3 is the run's last step, and the run has no final model: finishing it" in caplog.text
     assert (
         f"No comparison of baseline and final in {run.relative_to(tmp_path) / 'eval'}: "
         f"{baseline.relative_to(tmp_path)} cannot be read (cut short?): measure baseline again, with the settings it "
@@ -280,21 +280,28 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model
         "outputs/smoke-GRPO"
     ) in caplog.text
     assert reports.read_summary(run, "final")["n"] == 32 and not (run / "eval" / "comparison.json").exists()
-    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # no step more
-    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 4
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # no step more
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 3
     trained = completions_of(run, grpo_demo.get_gsm8k_questions("test", "outputs/smoke-assets/gsm8k-generated"))
     assert [r["completion"] for r in reports.read_records(run, "final")] == trained  # the saved model's
     from safetensors.torch import load_file
 
-    saved, last = load_file(run / "model.safetensors"), load_file(run / "checkpoint-4" / "model.safetensors")
+    saved, last = load_file(run / "model.safetensors"), load_file(run / "checkpoint-3" / "model.safetensors")
     assert all(torch.equal(saved[name], last[name]) for name in last)  # the last step's weights
 
     # The hint followed: the baseline measured again, and the comparison is made.
     grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", "outputs/smoke-assets/tiny-qwen2"]
                    + ["--output_dir", "outputs/smoke-GRPO"])  # fmt: skip
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["baseline", "comparison.json", "final"]
-    with pytest.raises(RecipeError, match="checkpoint-4 is at step 4, and this run ends at max_steps=4: nothing to"):
+    with pytest.raises(RecipeError, match="checkpoint-3 is at step 3, and this run ends at max_steps=3: nothing to"):
         grpo_demo.main([*smoke, "--resume_from_checkpoint", "latest"])
+
+
+def test_a_run_without_checkpoints_is_warned_it_cannot_resume_to_its_final_evaluation(caplog):
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        resolved(["--save_strategy", "no"])
+        resolved(["--eval_only", "--save_strategy", "no"])  # nothing to resume: no word
+    assert caplog.text.count("save_strategy=no: no checkpoint of the last step, so a run stopped in its final") == 1
 
 
 def test_the_split_and_the_rows_held_out_are_terms_of_an_evaluation(tmp_path, caplog):
