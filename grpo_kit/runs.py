@@ -280,7 +280,7 @@ def finished(output_dir: str | Path, step: int) -> bool:
     folder = Path(output_dir)
     state = read_json(folder / "trainer_state.json")
     weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-    shards = [path for path in folder.glob("*.safetensors")]
+    shards = list(folder.glob("*.safetensors"))
     return (
         isinstance(state, dict)
         and (state.get("global_step") or 0) >= step

@@ -38,17 +38,18 @@ def unkeyed(folder: str | Path | None) -> str | None:
 
 
 @contextmanager
-def _locked(path: Path):
-    """Hold an exclusive lock on `path` (a file made for it) while in the block: one builder of a folder at a time."""
+def _locked(folder: Path):
+    """Hold an exclusive lock on `folder` (made if need be) while in the block: one builder in it at a time. The lock
+    is the folder's own (flock on it, released when the process ends however it ends): no file is left for it."""
     import fcntl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def build_once(folder: str | Path, made_with: dict, build, stamp: str = STAMP) -> bool:
@@ -57,7 +58,7 @@ def build_once(folder: str | Path, made_with: dict, build, stamp: str = STAMP) -
     or another process's folder, and a build cut short leaves the folder as it was."""
     folder = Path(folder)
     made = json.loads(json.dumps(made_with))  # as the stamp reads back: tuples as lists
-    with _locked(folder.parent / f".{folder.name}.lock"):
+    with _locked(folder.parent):
         try:
             if json.loads((folder / stamp).read_text(encoding="utf-8")) == made:
                 return False
