@@ -41,9 +41,12 @@ def unkeyed(folder: str | Path | None) -> str | None:
 def _locked(folder: Path):
     """Hold an exclusive lock on `folder` (made if need be) while in the block: one builder in it at a time. The lock
     is the folder's own (flock on it, released when the process ends however it ends): no file is left for it."""
-    import fcntl
-
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; the rename into place still keeps readers from a half-built folder
+        yield
+        return
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -228,6 +229,14 @@ def test_an_asset_folder_is_built_beside_it_under_a_lock_and_renamed_into_place(
     with pytest.raises(KeyboardInterrupt):  # a build cut short leaves the folder as it was
         smoke.build_once(folder, {"v": 3}, lambda path: (_ for _ in ()).throw(KeyboardInterrupt))
     assert (folder / "a.txt").read_text() == "new" and json.loads((folder / smoke.STAMP).read_text()) == {"v": 2}
+
+
+def test_an_asset_folder_is_built_where_there_is_no_flock(tmp_path, monkeypatch):
+    from grpo_kit import smoke
+
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on Windows: importing it fails
+    assert smoke.build_once(tmp_path / "tiny", {"v": 1}, lambda path: (path / "a.txt").write_text("built"))
+    assert (tmp_path / "tiny" / "a.txt").read_text() == "built"
 
 
 # The bounds of the two demo runs below sit well inside what 30 runs measured (benchmarks/demo_runs.py, docs/
