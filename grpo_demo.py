@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1
     # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
     with stopping.on_signals(trainer) as signals:
-        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        if not accuracy.finish_last_step(signals):  # resumed at the last step: the final evaluation, no step more
+            trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         if not (watcher.stopped or signals.stopped):  # a stopped run's checkpoint holds its weights: no final model
             trainer.save_model(training_args.output_dir)
             logger.info("Model saved to %s", training_args.output_dir)

@@ -329,8 +329,42 @@ def measuring(v: dict) -> Iterator[str]:
         yield f"eval_shots={v['eval_shots']}: the kshot protocol shows 1 to 32 worked examples (lm-eval: 5, 8)"
     if v["eval_samples"] < 0:
         yield f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k"
+    unmeasured = [f"eval_protocols {' '.join(p)}" for p in [v.get("eval_protocols") or []] if set(p) - {"recipe"}]
+    unmeasured += [f"eval_samples {v['eval_samples']}"] if v["eval_samples"] > 0 else []
+    if runs.trains(v) and not v["final_eval"] and unmeasured:
+        yield (
+            f"{' and '.join(unmeasured)} apply to the baseline and final evaluation, and final_eval=false makes "
+            "neither: drop them, or --final_eval true (or measure the saved model after training: --eval_only "
+            "--model_name_or_path <output_dir>)"
+        )
+    yield from held_out(v)
     if unknown := [name for name in v.get("health_checks_off") or [] if name not in (*CHECKS, "all")]:
         yield f"health_checks_off: {', '.join(unknown)}: no such check (the checks: {', '.join(CHECKS)}; or all)"
+
+
+def held_out(v: dict) -> Iterator[str]:
+    """`--eval_only --eval_split validation` of a model this recipe trained: the rows `--validation_rows` holds out
+    are "never trained on" only where its run held out as many or more (the draw is one: fewer are among them). Its
+    run record says: beside the model, or beside a checkpoint's folder."""
+    folder, n = Path(v["model_name_or_path"]).expanduser(), v["validation_rows"]
+    if not (v["eval_only"] and v["eval_split"] == "validation" and folder.is_dir()):
+        return
+    run_dir = folder.parent if re.fullmatch(r"checkpoint-\d+", folder.name) else folder
+    trained = ((runs.read_run_record(run_dir) or {}).get("settings") or {}).get("run", {}).get("validation_rows")
+    if trained is None and (run_dir / "trainer_state.json").is_file():
+        logger.warning(
+            "eval_split=validation: %s has no run record (%s): whether it trained on the rows --validation_rows %d "
+            "holds out cannot be told, and they are called held out on its word",
+            folder, run_dir / runs.RECORD_NAME, n,
+        )  # fmt: skip
+    if isinstance(trained, int) and trained < n:
+        which = "every one of them" if trained == 0 else f"all but {trained} of them"
+        yield (
+            f"eval_split=validation: {folder} was trained with validation_rows={trained} (its run record, "
+            f"{run_dir / runs.RECORD_NAME}), so of the {n} train rows --validation_rows {n} holds out it trained on "
+            f"{which}: measure the test split (--eval_split test)"
+            + (f", or the rows its run held out (--validation_rows {trained})" if trained else "")
+        )
 
 
 def updates_per_generation(v: dict) -> float:
@@ -344,6 +378,11 @@ def updates_per_generation(v: dict) -> float:
 
 def warnings(v: dict) -> Iterator[str]:
     """Settings that work but are probably not what the user wants: one line each."""
+    if runs.trains(v) and v.get("save_strategy") == "no":
+        yield (
+            "save_strategy=no: no checkpoint of the last step, so a run stopped in its final evaluation or before its "
+            "model is saved cannot be resumed to them (a stop signal still saves its step)"
+        )
     if v.get("eval_temperature") is not None and not v.get("eval_samples"):
         yield "eval_temperature is the temperature of eval_samples, which is 0: no samples are drawn"
     if v["tiny_model"] != TINY_MODELS[0] and not (v["smoke"] or v["demo"]):

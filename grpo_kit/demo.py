@@ -7,7 +7,6 @@ correctness reward far more often: GRPO teaches it to count. A choice between tw
 how to answer is one decision shared by every problem, which GRPO learns in a few dozen steps, as it does at scale,
 while each of hundreds of sums answered at once would be rewarded only when sampled right."""
 
-import json
 import logging
 import math
 import random
@@ -143,10 +142,12 @@ def warm_start(model, tokenizer, answer_format, rows: list[dict], steps: int = W
 
 
 def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = ASSETS_SEED) -> None:
-    """Write the generated problems and the warm-started model wherever the demo defaults still point at them."""
-    if data_dir == DATA_DIR:
-        smoke.write_splits(data_dir, *make_problems(N_TRAIN, N_TEST, ASSETS_SEED))
-    if kind := next((kind for kind, folder in MODEL_DIRS.items() if folder == model_dir), None):
+    """Write the generated problems and the warm-started model wherever the demo defaults still point at them
+    (`smoke.keyed` folders), unless they hold them already."""
+    if smoke.unkeyed(data_dir) == DATA_DIR:
+        write = lambda path: smoke.write_splits(path, *make_problems(N_TRAIN, N_TEST, ASSETS_SEED))  # noqa: E731
+        smoke.build_once(data_dir, {"seed": ASSETS_SEED, "n_train": N_TRAIN, "n_test": N_TEST}, write)
+    if kind := next((kind for kind, folder in MODEL_DIRS.items() if folder == smoke.unkeyed(model_dir)), None):
         warm_started(answer_format, kind, model_dir, seed)
 
 
@@ -162,17 +163,15 @@ def warm_started(answer_format, kind: str, model_dir: str | Path, seed: int = AS
         **dict(warm_batch=WARM_BATCH, warm_warmup=WARM_WARMUP),
         "answer_format": answer_format.solution_template,  # a warm start in other tags teaches the wrong format
     }
-    model_dir = Path(model_dir)
-    stamp = model_dir / "warm_start.json"
-    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == made_with:
+
+    def build(path: Path) -> None:
+        tokenizer = build_tokenizer(answer_format, train, kind)
+        model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS, kind)
+        logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))
+        warm_start(model, tokenizer, answer_format, train, WARM_STEPS, seed)
+        tokenizer.save_pretrained(path)
+        model.save_pretrained(path)
+
+    if not smoke.build_once(model_dir, made_with, build, stamp="warm_start.json"):  # a build cut short: none
         logger.info("Reusing the warm-started model in %s", model_dir)
-        return model_dir
-    stamp.unlink(missing_ok=True)  # a rebuild cut short must not pass for the old model
-    tokenizer = build_tokenizer(answer_format, train, kind)
-    model = smoke.build_tiny_model(tokenizer, seed, HIDDEN_SIZE, NUM_LAYERS, kind)
-    logger.info("Warm start: %d steps on %d generated problems", WARM_STEPS, len(train))
-    warm_start(model, tokenizer, answer_format, train, WARM_STEPS, seed)
-    tokenizer.save_pretrained(model_dir)
-    model.save_pretrained(model_dir)
-    stamp.write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
-    return model_dir
+    return Path(model_dir)

@@ -20,7 +20,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
-from grpo_kit import RecipeError, generation, models, reports
+from grpo_kit import RecipeError, generation, models, reports, runs
 from grpo_kit.data import drop_long_prompts
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
 from grpo_kit.reports import compare, eval_name, write_report
@@ -104,6 +104,7 @@ def evaluate(
         **summarize(records),
         "protocol": protocol.name,
         **({"protocol_details": protocol.details} if protocol.details else {}),
+        **({"tags": list(answer_format.tags)} if protocol.judges_format else {}),  # the format asked for and read
         "model": model_name,
         "questions_sha256": questions_fingerprint(rows),
         "backend": "hf" if vllm is None else "vllm",
@@ -163,7 +164,7 @@ class AccuracyCallback(TrainerCallback):
         limit,
         protocols=(),
         sampling=None,
-        split="test",
+        split=None,
     ):
         self.trainer, self.answer_format, self.batch_size = trainer, answer_format, batch_size
         self.before_and_after, self.every_steps = before_and_after, every_steps
@@ -171,7 +172,7 @@ class AccuracyCallback(TrainerCallback):
         self.subset = self.rows[:subset]
         self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
         self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
-        self.split = split  # the rows measured: "test", or "validation" (held out of train, --eval_split)
+        self.split = split or {"split": "test"}  # the rows measured (`split_terms`)
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
     def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
@@ -198,7 +199,7 @@ class AccuracyCallback(TrainerCallback):
         for protocol in self.protocols:
             name = eval_name(base, protocol.name)
             summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
-            summary |= {"split": self.split} | ({"start_model": self.start_model} if base == "final" else {})
+            summary |= self.split | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
                 write_report(self.trainer.args.output_dir, name, summary, records)
             first = records if first is None else first
@@ -244,6 +245,31 @@ class AccuracyCallback(TrainerCallback):
         Trainer.log(self.trainer, {f"eval_{key}": summary[key] for key in LOGGED_METRICS})
         control.should_log = should_log
 
+    def finish_last_step(self, signals) -> bool:
+        """Where the run resumes from its last step's checkpoint (stopped in or after its final evaluation, before its
+        model was saved): that checkpoint's weights and state loaded and the run's end done, the final evaluation,
+        with no step more (the trainer's loop takes one on any resume). False otherwise: the trainer trains."""
+        from transformers import TrainerState
+
+        trainer, checkpoint = self.trainer, self.trainer.args.resume_from_checkpoint
+        saved = runs.read_json(Path(checkpoint) / "trainer_state.json") if checkpoint else None
+        end = trainer.args.max_steps if trainer.args.max_steps > 0 else (saved or {}).get("max_steps", 0)
+        if not (saved and 0 < end <= saved.get("global_step", 0)):
+            return False
+        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            raise RecipeError(
+                f"{checkpoint} is the run's last step: under DeepSpeed or FSDP its weights load only as training "
+                f"starts, which would train a step more. Evaluate it instead: --eval_only --model_name_or_path "
+                f"{checkpoint} (python, not accelerate launch: one process)"
+            )
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+        trainer.state.is_local_process_zero = trainer.is_local_process_zero()
+        trainer.state.is_world_process_zero = trainer.is_world_process_zero()
+        signals.phase = "end"  # a stop signal now: the run finishes
+        self.on_train_end(trainer.args, trainer.state, trainer.control)
+        return True
+
     def on_train_end(self, args, state, control, **kwargs):
         if not self.before_and_after:
             return
@@ -277,6 +303,13 @@ def sampling(run, training_args) -> dict:
     return drawn if run.eval_samples > 0 else {}
 
 
+def split_terms(run) -> dict:
+    """The rows an evaluation measures, as its summary records them: the split, and how many train rows were held
+    out where it is the validation split (another number holds out other rows)."""
+    validation = {"validation_rows": run.validation_rows} if run.eval_split == "validation" else {}
+    return {"split": run.eval_split, **validation}
+
+
 def callback(trainer, test_rows, run, answer_format, train_rows=None) -> AccuracyCallback:
     """The accuracy measurements a training run's settings ask for (none when `test_rows` is None); rows whose
     prompt is over --max_prompt_tokens are dropped, as train rows are."""
@@ -293,7 +326,7 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
         limit=run.eval_limit,
         protocols=protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else (),
         sampling=sampling(run, trainer.args),
-        split=run.eval_split,
+        split=split_terms(run),
     )
 
 
@@ -333,14 +366,15 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     for protocol in asked:
         # What the summary will say of these, so that an evaluation of other terms is never written over:
         terms = dict(model=path, questions_sha256=fingerprint, max_new_tokens=max_new, protocol=protocol.name)
-        terms.update(protocol_details=protocol.details or None, sampling=drawn or None)
+        terms.update(protocol_details=protocol.details or None, sampling=drawn or None, **split_terms(run))
+        terms["tags"] = list(answer_format.tags) if protocol.judges_format else None
         name = reports.free_name(output_dir, eval_name("final" if trained else "baseline", protocol.name), terms)
         settings = dict(max_new_tokens=max_new, batch_size=run.eval_batch_size, model_name=path, protocol=protocol)
         if training_args.use_vllm:  # vLLM's completions, scored instead of generating with `model`
             prompts = [protocol.prompt(row["question"]) for row in rows]
             settings["vllm"] = generation.generate_vllm(engine, tokenizer, prompts, max_new, **drawn)
         summary, records = evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings, **drawn)
-        summary |= {"split": run.eval_split} | ({"start_model": reports.start_model_of(path)} if trained else {})
+        summary |= split_terms(run) | ({"start_model": reports.start_model_of(path)} if trained else {})
         if PartialState().is_main_process:
             write_report(output_dir, name, summary, records)
             compare(output_dir, protocol.name)

@@ -56,11 +56,28 @@ def defaults(preset: str, tiny_model: str | None = None) -> dict:
     return {**SETTINGS[preset], "model_name_or_path": ASSETS[preset].MODEL_DIRS[kind], **own}
 
 
-def owned(preset: str | None) -> dict[str, list]:
-    """{setting: the values of it that the preset writes itself, for a tiny model of any kind} (model_name_or_path,
-    dataset, output_dir): paths that need not exist before the preset's run."""
+def keyed(preset: str | None, values: dict) -> dict:
+    """The preset's asset folders (model_name_or_path, dataset) where `values` still name them, named for the terms
+    they are built on (`smoke.keyed`): the tags (the tokenizer holds them, the demo's warm start writes them) and the
+    smoke preset's seed (it draws the problems and the weights; the demo's is fixed). Two presets run at once on
+    other terms never build into one folder."""
+    if preset is None:
+        return {}
+    tags, seed = (values["reasoning_tag"], values["answer_tag"]), values["seed"] if preset == "smoke" else None
+    plain = defaults(preset, values.get("tiny_model"))
+    terms = {"model_name_or_path": dict(tags=tags, seed=seed), "dataset": dict(seed=seed)}
+    return {key: smoke.keyed(plain[key], **terms[key]) for key in terms if values.get(key) == plain[key]}
+
+
+def owned(preset: str | None, values: dict | None = None) -> dict[str, list]:
+    """{setting: the values of it that the preset writes itself, for a tiny model of any kind, and on the terms of
+    `values` (`keyed`)} (model_name_or_path, dataset, output_dir): paths that need not exist before the preset's run."""
     settings = [defaults(preset, kind) for kind in smoke.TINY_MODELS if preset]  # none for a real run
-    return {key: [d[key] for d in settings] for key in ("model_name_or_path", "dataset", "output_dir")}
+    found = {key: [d[key] for d in settings] for key in ("model_name_or_path", "dataset", "output_dir")}
+    if preset and values:
+        for key, path in keyed(preset, {**values, **defaults(preset, values.get("tiny_model"))}).items():
+            found[key].append(path)
+    return found
 
 
 def prepare(run, training_args, model_args, answer_format) -> None:
@@ -82,4 +99,12 @@ def prepare(run, training_args, model_args, answer_format) -> None:
                 reads = {"model_name_or_path": model_args.model_name_or_path, "dataset": run.dataset}
                 runs.clear_preset_folder(training_args.output_dir, preset, reads)
             seed = getattr(ASSETS[preset], "ASSETS_SEED", training_args.seed)  # the demo's start model: one for all
-            ASSETS[preset].prepare(answer_format, model_args.model_name_or_path, run.dataset, seed)
+            terms = {**vars(run), "seed": training_args.seed, **defaults(preset, run.tiny_model)}
+            own = keyed(preset, terms)  # built only where named for this run's terms: never another run's folder
+            model, data = model_args.model_name_or_path, run.dataset
+            ASSETS[preset].prepare(
+                answer_format,
+                model if model == own["model_name_or_path"] else None,
+                data if data == own["dataset"] else None,
+                seed,
+            )

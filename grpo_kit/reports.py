@@ -32,8 +32,13 @@ def read_summary(output_dir: str | Path, name: str) -> dict | None:
     return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
-# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's).
-TERMS = ("model", "questions_sha256", "max_new_tokens", "protocol", "protocol_details", "sampling")
+# What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's,
+# without a split the test split's): the model, the questions and their split, the prompt (protocol and, where it
+# asks for and reads the recipe's format, its tags), the length, the samples.
+TERMS = (
+    "model", "questions_sha256", "split", "validation_rows", "max_new_tokens", "protocol", "protocol_details", "tags",
+    "sampling",
+)  # fmt: skip
 SAMPLING_TERMS = ("samples", "temperature", "seed")
 ACCURACY_LABELS = {  # the accuracy rows' labels where a protocol reads answers otherwise than the recipe's
     "kshot": {"accuracy_strict": "accuracy, strict (#### N)", "accuracy_lenient": "accuracy, flexible (last number)"},
@@ -49,6 +54,8 @@ def eval_name(base: str, protocol: str = "recipe") -> str:
 def _term(summary: dict, key: str):
     if key == "protocol":
         return summary.get(key, "recipe")
+    if key == "split":
+        return summary.get(key, "test")
     if key == "sampling":  # what makes two sets of samples alike
         return {k: sampling.get(k) for k in SAMPLING_TERMS} if (sampling := summary.get(key)) else None
     return summary.get(key)
@@ -82,6 +89,10 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
     if old.get("protocol_details") != new.get("protocol_details"):
         details = old.get("protocol_details"), new.get("protocol_details")
         return f"their {_term(old, 'protocol')} prompts differ: {details[0]} vs {details[1]}"
+    if None not in (tags := (old.get("tags"), new.get("tags"))) and tags[0] != tags[1]:  # None: recorded before
+        return f"they were asked for and read in other tags: {' '.join(tags[0])} vs {' '.join(tags[1])}"
+    if _term(old, "split") != _term(new, "split"):
+        return f"they were measured on different splits: {_term(old, 'split')} vs {_term(new, 'split')}"
     for key, label in (("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
         if old.get(key) != new.get(key):
             shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (old.get(key), new.get(key))
@@ -120,9 +131,11 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     """`eval/<name>/summary.json` and `completions.jsonl` (one record a line) in `output_dir`; prints a table."""
     folder = eval_dir(output_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    (folder / COMPLETIONS).write_text("".join(lines), encoding="utf-8")
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    for file, text in ((COMPLETIONS, lines), (SUMMARY, json.dumps(summary, indent=2) + "\n")):
+        part = folder / f".{file}.part"  # whole or not at all: a stop while writing leaves the older file
+        part.write_text(text, encoding="utf-8")
+        part.replace(folder / file)
     protocol = _term(summary, "protocol") + " protocol"
     protocol += ", validation split (held out of train)" if summary.get("split") == "validation" else ""
     lines = [
@@ -136,10 +149,18 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     return folder
 
 
-def read_records(output_dir: str | Path, name: str) -> list[dict]:
+RECORD_KEYS = ("question", "gold", "completion", "correct_strict", "correct_lenient")  # what a comparison reads
+
+
+def read_records(output_dir: str | Path, name: str) -> list[dict] | None:
+    """The records of `eval/<name>/completions.jsonl` ([] without one); None where a line is damaged (cut short)."""
     path = eval_dir(output_dir, name) / COMPLETIONS
-    lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
-    return [json.loads(line) for line in lines if line.strip()]
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return None
+    return records if all(isinstance(r, dict) and all(k in r for k in RECORD_KEYS) for r in records) else None
 
 
 def paired_changes(old: list[dict], new: list[dict]) -> dict:
@@ -170,7 +191,16 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
         return None
     reason = why_not_comparable(old, new)
     old_records, new_records = read_records(output_dir, before), read_records(output_dir, after)
-    if not reason and not (len(old_records) == len(new_records) == old["n"]):
+    damaged = [(name, summary) for name, summary, records in ((before, old, old_records), (after, new, new_records))
+               if records is None]  # fmt: skip
+    if not reason and damaged:
+        name, summary = damaged[0]
+        reason = (
+            f"{eval_dir(output_dir, name) / COMPLETIONS} cannot be read (cut short?): measure {name} again, with the "
+            f"settings it was measured with: --eval_only --model_name_or_path {summary.get('model')} --output_dir "
+            f"{output_dir}"
+        )
+    elif not reason and not (len(old_records) == len(new_records) == old["n"]):
         reason = f"their completions.jsonl hold {len(old_records)} and {len(new_records)} of {old['n']} questions"
     if reason:
         logger.warning("No comparison of %s and %s in %s: %s", before, after, eval_dir(output_dir), reason)

@@ -332,11 +332,19 @@ def resume(values: dict) -> str | None:
             )
     if not (path and trains(values)):
         return path
-    step = (read_json(Path(path) / "trainer_state.json") or {}).get("global_step", 0)
-    if 0 < values["max_steps"] <= step:
+    state = read_json(Path(path) / "trainer_state.json") or {}
+    step, end = (
+        state.get("global_step", 0),
+        values["max_steps"] if values["max_steps"] > 0 else state.get("max_steps", 0),
+    )
+    if 0 < end <= step and finished(Path(path).parent, step):
         raise RecipeError(
-            f"{path} is at step {step}, and this run ends at max_steps={values['max_steps']}: nothing to train. "
+            f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
             "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+        )
+    if 0 < end <= step:  # stopped in or after the final evaluation, before the model was saved
+        logger.warning(
+            "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
         )
     record, changed = read_run_record(Path(path).parent), []  # the run the checkpoint belongs to
     held = "" if record else " (as the checkpoint's optimizer, scheduler and trainer state hold them)"
@@ -421,6 +429,21 @@ def same_parameters(model, checkpoint: str | Path) -> None:
         f"{checkpoint}: its optimizer state is for {counted} weight tensors{size}, and this run "
         f"trains {len(trained)} ({sum(p.numel() for p in trained):,}): the checkpoint is of another model or adapter. "
         "Resume it with the model and adapter settings it trained with, or start a new run (another --output_dir)"
+    )
+
+
+def finished(output_dir: str | Path, step: int) -> bool:
+    """Whether the run in `output_dir` saved its final model after step `step`: its state (written after the model)
+    at that step or later, and its weights whole."""
+    folder = Path(output_dir)
+    state = read_json(folder / "trainer_state.json")
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    shards = list(folder.glob("*.safetensors"))
+    return (
+        isinstance(state, dict)
+        and (state.get("global_step") or 0) >= step
+        and bool(weights)
+        and all(whole(path) for path in shards)
     )
 
 

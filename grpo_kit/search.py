@@ -38,6 +38,8 @@ DRIVERS = {
     "pymysql": "PyMySQL",
     "MySQLdb": "mysqlclient",
 }  # module: pip package
+# The recipe settings the search sets for each trial
+SEARCH_OWN = ("output_dir", "run_name", "reward_weights", "eval_split", "validation_rows", "final_eval")
 FINISHED_ATTR = "returncode"  # set on every trial whose run ended (well or not): the others were interrupted
 
 
@@ -76,11 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         recipe_args = [] if torch.cuda.is_available() else ["--demo"]  # on a CPU, the demo: minutes, not days
     args.recipe_args = recipe_args
-    for name in ("output_dir", "run_name", "reward_weights", "eval_split", "validation_rows", "final_eval"):
-        if f"--{name}" in recipe_args:
+    # As the recipe reads them: `--final_eval=false` and an abbreviation argparse accepts (`--final_ev`) name it too.
+    try:
+        given = settings.given_on_command_line(settings.read_config(recipe_args, apply_env=False)[0])
+    except RecipeError as err:  # a value of the wrong type: said with the recipe's --help, not the search's
+        message = str(err).split(". python ")[0].removeprefix("Invalid setting: ").rstrip(".")
+        parser.error(f"the recipe settings after --: {message}; python {args.recipe} --help lists them")
+    for name in SEARCH_OWN:
+        if name in given:
             parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")
     if args.validation_rows is None:
-        args.validation_rows = 256 if "--demo" in recipe_args else 500
+        args.validation_rows = 256 if given.get("demo") else 500
     args.folder = args.folder or Path("outputs") / "search" / args.study
     args.storage = args.storage or f"sqlite:///{(args.folder / 'study.db').resolve()}"
     if args.storage.startswith("sqlite:///") and args.storage != "sqlite:///:memory:":
@@ -318,7 +326,9 @@ def best_settings(study, recipe_args: list[str], validation_rows: int) -> dict:
     values.update({key: getattr(value, "value", value) for key, value in given.items() if key != "config"})
     values.update(study.best_trial.user_attrs["settings"])  # reward_weights, and what else was searched
     values["validation_rows"] = validation_rows
-    for name in ("output_dir", "run_name", "eval_split"):  # each trial's own: a run of the file chooses its own
+    # Each trial's own: a run of the file chooses its own folder, and measures the test split (final_eval, as the
+    # trials did: a --config's false would leave the file's run unmeasured)
+    for name in ("output_dir", "run_name", "eval_split", "final_eval"):
         values.pop(name, None)
     return values
 

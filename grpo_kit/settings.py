@@ -280,7 +280,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     if found := [f"{place}: {names}" for place, names in where if names]:
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = {key: value for key, value in vars(namespace).items() if key != "config"}
-    own = presets.owned(preset)
+    values.update(presets.keyed(preset, values))  # its assets' folders, of the tags and seed they are built on
+    own = presets.owned(preset, values)
     model_dir = Path(values["model_name_or_path"]).expanduser()
     own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:

@@ -6,14 +6,80 @@ a login. The tokenizer has the recipe's tags as single tokens; `--tiny_model` bu
 again, turns ending at `<|eot_id|>`, which only the generation config lists (the end of sequence is `<|end_of_text|>`,
 as in the first Instruct release), no pad token, and Llama 3.1's trimmed messages under a dated system header."""
 
+import hashlib
 import json
+import os
 import random
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 TINY_MODELS = ("qwen2", "llama3")  # the kinds of tiny model --smoke and --demo build; the first is the default
 ASSETS_DIR = "outputs/smoke-assets"
-MODEL_DIRS = {kind: f"{ASSETS_DIR}/tiny-{kind}" for kind in TINY_MODELS}
-DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"
+MODEL_DIRS = {kind: f"{ASSETS_DIR}/tiny-{kind}" for kind in TINY_MODELS}  # in <reasoning>/<answer>, seed 42
+DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"  # seed 42
+PLAIN = {"tags": ("reasoning", "answer"), "seed": 42}  # the assets' terms that their folders' plain names stand for
+STAMP = "made_with.json"  # in each asset folder: what built it
+CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # an edit of the builders here builds anew
+
+
+def keyed(folder: str, tags: tuple[str, str] | None = None, seed: int | None = None) -> str:
+    """An asset folder's name for the terms it is built on (`tags`, `seed`; None: not one of its terms): the plain
+    name for the recipe's tags and seed 42, else with them (`tiny-qwen2.think.answer`, `gsm8k-generated.seed7`; a
+    dot is in no tag name). Presets run at once on other terms so never share a folder that either writes."""
+    own = [*(tags if tags not in (None, PLAIN["tags"]) else ()), *([f"seed{seed}"] if seed not in (None, 42) else [])]
+    return ".".join([folder, *own])
+
+
+def unkeyed(folder: str | Path | None) -> str | None:
+    """The plain name of an asset folder `keyed` names (`outputs/smoke-assets/tiny-qwen2.think.answer` ->
+    `outputs/smoke-assets/tiny-qwen2`), None for another path."""
+    return str(Path(folder).parent / Path(folder).name.split(".")[0]) if folder else None
+
+
+@contextmanager
+def _locked(folder: Path):
+    """Hold an exclusive lock on `folder` (made if need be) while in the block: one builder in it at a time. The lock
+    is the folder's own (flock on it, released when the process ends however it ends): no file is left for it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; the rename into place still keeps readers from a half-built folder
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def build_once(folder: str | Path, made_with: dict, build, stamp: str = STAMP) -> bool:
+    """Make asset `folder` with `build(path)` unless it holds what `made_with` says (its `stamp`); True when built.
+    Built into a folder beside it and renamed into place, under a lock: a process reading it never sees a half-built
+    or another process's folder, and a build cut short leaves the folder as it was."""
+    folder = Path(folder)
+    made = json.loads(json.dumps(made_with))  # as the stamp reads back: tuples as lists
+    with _locked(folder.parent):
+        try:
+            if json.loads((folder / stamp).read_text(encoding="utf-8")) == made:
+                return False
+        except (OSError, ValueError):
+            pass
+        for stale in folder.parent.glob(f".{folder.name}.*.part"):  # builds cut short: none runs, the lock is ours
+            shutil.rmtree(stale, ignore_errors=True)
+        part = folder.parent / f".{folder.name}.{os.getpid()}.part"
+        part.mkdir()
+        build(part)
+        (part / stamp).write_text(json.dumps(made, indent=2) + "\n", encoding="utf-8")
+        old = folder.parent / f".{folder.name}.{os.getpid()}.old.part"
+        if folder.exists():
+            folder.rename(old)
+        part.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    return True
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -171,12 +237,19 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
 
 
 def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) -> None:
-    """Write the generated problems and the tiny model wherever the smoke defaults still point at them."""
-    if data_dir == DATA_DIR:
-        write_gsm8k_folder(data_dir, seed=seed)
-    if kind := next((kind for kind, folder in MODEL_DIRS.items() if folder == model_dir), None):
-        texts = corpus(answer_format, make_problems(256, seed), kind)
-        tokenizer = build_tokenizer(texts, answer_format.tags, kind=kind)
-        model = build_tiny_model(tokenizer, seed, kind=kind)
-        tokenizer.save_pretrained(model_dir)
-        model.save_pretrained(model_dir)
+    """Write the generated problems and the tiny model wherever the smoke defaults still point at them (`keyed`
+    folders), unless they hold them already (`build_once`)."""
+    if unkeyed(data_dir) == DATA_DIR:
+        build_once(data_dir, {"seed": seed, "code": CODE}, lambda path: write_gsm8k_folder(path, seed=seed))
+    if kind := next((kind for kind, folder in MODEL_DIRS.items() if folder == unkeyed(model_dir)), None):
+
+        def build(path: Path) -> None:
+            texts = corpus(answer_format, make_problems(256, seed), kind)
+            tokenizer = build_tokenizer(texts, answer_format.tags, kind=kind)
+            tokenizer.save_pretrained(path)
+            build_tiny_model(tokenizer, seed, kind=kind).save_pretrained(path)
+
+        system = [message["content"] for message in answer_format.chat_prompt("")]
+        made_with = dict(kind=kind, seed=seed, tags=answer_format.tags, system=system, conventions=CONVENTIONS[kind])
+        made_with |= {"solution_template": answer_format.solution_template, "code": CODE}  # this file, as built
+        build_once(model_dir, made_with, build)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import sys
 
 import pytest
 import torch
-from conftest import REWARD_NAMES, run_recipe
+from conftest import REWARD_NAMES, resolved, run_recipe
 from transformers import AutoTokenizer
 
 import grpo_demo
@@ -127,14 +129,20 @@ def test_prepare_writes_the_assets_and_reuses_the_warm_start(tmp_path, monkeypat
         demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
     assert "Reusing the warm-started model" in caplog.text
 
-    # A rebuild (another seed) cut short: the half-written model is not taken for the old one on the next run.
+    # A rebuild (another seed) cut short: built beside the folder, it leaves the old model whole, its stamp true.
+    weights = (model_dir / "model.safetensors").read_bytes()
     monkeypatch.setattr(demo, "warm_start", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         demo.prepare(FMT, d["model_name_or_path"], d["dataset"], seed=1)
+    assert (model_dir / "model.safetensors").read_bytes() == weights
+    assert json.loads((model_dir / "warm_start.json").read_text())["seed"] == demo.ASSETS_SEED
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="grpo_demo"), pytest.raises(KeyboardInterrupt):
-        demo.prepare(FMT, d["model_name_or_path"], d["dataset"])  # rebuilds (and is cut again here)
-    assert "Reusing the warm-started model" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="grpo_demo"):
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"])
+    assert "Reusing the warm-started model" in caplog.text
+    with pytest.raises(KeyboardInterrupt):  # the build cut short is cleared by the next one
+        demo.prepare(FMT, d["model_name_or_path"], d["dataset"], seed=1)
+    assert len(list(model_dir.parent.glob(f".{model_dir.name}.*.part"))) == 1
 
 
 def test_the_seed_varies_grpo_alone_not_the_demos_start_model(monkeypatch, tmp_path):
@@ -151,6 +159,7 @@ def test_the_seed_varies_grpo_alone_not_the_demos_start_model(monkeypatch, tmp_p
     monkeypatch.setattr(smoke, "prepare", lambda fmt, model, data, seed: made.append(("smoke", seed)))
     for preset, seed in (("demo", 7), ("demo", 1234), ("smoke", 7)):
         run = SimpleNamespace(smoke=preset == "smoke", demo=preset == "demo", eval_only=False, ask=None, dataset=None)
+        run.__dict__.update(reasoning_tag="reasoning", answer_tag="answer", tiny_model="qwen2")
         args = SimpleNamespace(
             seed=seed,
             output_dir=str(tmp_path / "elsewhere"),
@@ -160,6 +169,74 @@ def test_the_seed_varies_grpo_alone_not_the_demos_start_model(monkeypatch, tmp_p
         )
         presets.prepare(run, args, SimpleNamespace(model_name_or_path="m"), FMT)
     assert made == [("demo", demo.ASSETS_SEED), ("demo", demo.ASSETS_SEED), ("smoke", 7)]
+
+
+@pytest.mark.parametrize("preset", ["smoke", "demo"])
+def test_presets_on_other_terms_build_their_assets_in_folders_of_their_own(preset, tmp_path, monkeypatch):
+    """Two preset runs at once with other tags (or, for --smoke, another seed; or another tiny model) never share a
+    folder either writes: each one's tokenizer holds its own tags."""
+    monkeypatch.chdir(tmp_path)
+    runs = [[], ["--reasoning_tag", "think"], ["--answer_tag", "final"], ["--seed", "7"], ["--tiny_model", "llama3"]]
+    folders = [(v.model_name_or_path, v.dataset) for v in (resolved([f"--{preset}", *extra]) for extra in runs)]
+    plain = presets.defaults(preset)
+    assert folders[0] == (plain["model_name_or_path"], plain["dataset"])  # the recipe's tags, seed 42: as documented
+    assert folders[1][0] == f"{plain['model_name_or_path']}.think.answer"
+    models = [model for model, _ in folders]
+    if preset == "smoke":  # its seed draws the weights and the problems
+        assert len(set(models)) == 5 and folders[3] == (f"{models[0]}.seed7", f"{plain['dataset']}.seed7")
+    else:  # the demo's start model is one for every seed
+        assert len(set(models)) == 4 and folders[3] == folders[0]
+
+
+def test_smoke_assets_in_other_tags_hold_their_own_tokenizer(tmp_path, monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    for tag in ("reasoning", "think"):
+        run = resolved(["--smoke", "--reasoning_tag", tag])
+        args = SimpleNamespace(seed=run.seed, output_dir="elsewhere", resume_from_checkpoint=None, process_index=0)
+        args.main_process_first = lambda **kwargs: nullcontext()
+        fmt = grpo_demo.answer_format(grpo_demo.Tags(tag, "answer"))
+        presets.prepare(run, args, SimpleNamespace(model_name_or_path=run.model_name_or_path), fmt)
+    for folder, tag in (("tiny-qwen2", "reasoning"), ("tiny-qwen2.think.answer", "think")):
+        vocabulary = AutoTokenizer.from_pretrained(tmp_path / "outputs" / "smoke-assets" / folder).get_vocab()
+        other = ({"reasoning", "think"} - {tag}).pop()
+        assert f"<{tag}>\n" in vocabulary and f"<{other}>\n" not in vocabulary
+
+
+def test_an_asset_folder_is_built_beside_it_under_a_lock_and_renamed_into_place(tmp_path):
+    import fcntl
+
+    from grpo_kit import smoke
+
+    folder = tmp_path / "assets" / "tiny"
+    assert smoke.build_once(folder, {"v": 1}, lambda path: (path / "a.txt").write_text("old"))
+    assert not smoke.build_once(folder, {"v": 1}, lambda path: pytest.fail("built again"))  # its stamp holds: kept
+
+    def build(path):
+        assert path.parent == folder.parent and path != folder  # beside it...
+        assert (folder / "a.txt").read_text() == "old"  # ...while the folder stays as it was...
+        other = os.open(folder.parent, os.O_RDONLY)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ...and no other builder gets in
+        os.close(other)
+        (path / "a.txt").write_text("new")
+
+    assert smoke.build_once(folder, {"v": 2}, build)
+    assert (folder / "a.txt").read_text() == "new" and json.loads((folder / smoke.STAMP).read_text()) == {"v": 2}
+    assert [p.name for p in folder.parent.iterdir()] == ["tiny"]  # nothing half-built left, no lock file
+    with pytest.raises(KeyboardInterrupt):  # a build cut short leaves the folder as it was
+        smoke.build_once(folder, {"v": 3}, lambda path: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert (folder / "a.txt").read_text() == "new" and json.loads((folder / smoke.STAMP).read_text()) == {"v": 2}
+
+
+def test_an_asset_folder_is_built_where_there_is_no_flock(tmp_path, monkeypatch):
+    from grpo_kit import smoke
+
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on Windows: importing it fails
+    assert smoke.build_once(tmp_path / "tiny", {"v": 1}, lambda path: (path / "a.txt").write_text("built"))
+    assert (tmp_path / "tiny" / "a.txt").read_text() == "built"
 
 
 # The bounds of the two demo runs below sit well inside what 30 runs measured (benchmarks/demo_runs.py, docs/

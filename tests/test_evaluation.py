@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from conftest import refused, resolved
 
 import grpo_demo
 from grpo_kit import RecipeError, evaluation, generation, reports, scoring
@@ -223,6 +225,107 @@ def test_no_comparison_of_a_baseline_of_another_model(tmp_path, caplog):
     assert "measured in different protocols: recipe vs chat" in caplog.text
 
 
+def test_an_evaluation_in_other_tags_is_written_beside_and_not_compared(tiny_dir, gsm8k_dir, tmp_path, capsys):
+    """`--eval_only --reasoning_tag think` where an evaluation in <reasoning> is: another measurement (the prompt asks
+    for other tags and the answer is read in them), written beside the first, never over it nor compared with it."""
+    out = tmp_path / "out"
+    flags = ["--eval_only", "--model_name_or_path", str(tiny_dir), "--dataset", str(gsm8k_dir), "--output_dir"]
+    flags += [str(out), "--max_completion_length", "4", "--eval_limit", "3", "--eval_batch_size", "3"]
+    grpo_demo.main(flags)
+    grpo_demo.main(flags)  # the same terms: measured again in place
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline"]
+    first = reports.read_summary(out, "baseline")
+    assert first["tags"] == ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+    grpo_demo.main([*flags, "--reasoning_tag", "think"])
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline", "baseline-2"]
+    assert reports.read_summary(out, "baseline") == first
+    assert reports.read_summary(out, "baseline-2")["tags"] == ["<think>", "</think>", "<answer>", "</answer>"]
+    assert "<think>" in reports.read_summary(out, "baseline-2")["first_prompt"]
+    # The chat protocol asks for no tags: other tags change nothing it measures.
+    grpo_demo.main([*flags, "--eval_protocols", "chat"])
+    grpo_demo.main([*flags, "--eval_protocols", "chat", "--reasoning_tag", "think"])
+    assert "baseline-chat-2" not in {p.name for p in (out / "eval").iterdir()}
+
+
+def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model(tmp_path, monkeypatch, caplog):
+    """Ctrl-C twice in the final evaluation (after the last step): no model, the last step's checkpoint. The hint
+    said then, `--resume_from_checkpoint latest`, does the final evaluation and saves the model, with no step more;
+    a cut completions.jsonl of the baseline is said, not a traceback; a finished run has nothing to train."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "outputs" / "smoke-GRPO"
+    smoke = ["--smoke", "--eval_every_steps", "0", "--max_steps", "3"]  # save_steps 2: the last step saved too
+    measure = evaluation.AccuracyCallback.measure
+
+    def second_ctrl_c(self, rows, model_name, desc, *args, **kwargs):
+        if "final" in desc:
+            raise KeyboardInterrupt  # what stopping.StopOnSignal.receive raises on a second Ctrl-C
+        return measure(self, rows, model_name, desc, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluation.AccuracyCallback, "measure", second_ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            grpo_demo.main(smoke)
+    assert not (run / "model.safetensors").exists() and not (run / "eval" / "final").exists()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    baseline = run / "eval" / "baseline" / "completions.jsonl"
+    baseline.write_bytes(baseline.read_bytes()[:-40])  # cut short
+
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        grpo_demo.main([*smoke, "--resume_from_checkpoint", "latest"])
+    assert "checkpoint-3 is the run's last step, and the run has no final model: finishing it" in caplog.text
+    assert (
+        f"No comparison of baseline and final in {run.relative_to(tmp_path) / 'eval'}: "
+        f"{baseline.relative_to(tmp_path)} cannot be read (cut short?): measure baseline again, with the settings it "
+        "was measured with: --eval_only --model_name_or_path outputs/smoke-assets/tiny-qwen2 --output_dir "
+        "outputs/smoke-GRPO"
+    ) in caplog.text
+    assert reports.read_summary(run, "final")["n"] == 32 and not (run / "eval" / "comparison.json").exists()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # no step more
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 3
+    trained = completions_of(run, grpo_demo.get_gsm8k_questions("test", "outputs/smoke-assets/gsm8k-generated"))
+    assert [r["completion"] for r in reports.read_records(run, "final")] == trained  # the saved model's
+    from safetensors.torch import load_file
+
+    saved, last = load_file(run / "model.safetensors"), load_file(run / "checkpoint-3" / "model.safetensors")
+    assert all(torch.equal(saved[name], last[name]) for name in last)  # the last step's weights
+
+    # The hint followed: the baseline measured again, and the comparison is made.
+    grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", "outputs/smoke-assets/tiny-qwen2"]
+                   + ["--output_dir", "outputs/smoke-GRPO"])  # fmt: skip
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["baseline", "comparison.json", "final"]
+    with pytest.raises(RecipeError, match="checkpoint-3 is at step 3, and this run ends at max_steps=3: nothing to"):
+        grpo_demo.main([*smoke, "--resume_from_checkpoint", "latest"])
+
+
+def test_a_run_without_checkpoints_is_warned_it_cannot_resume_to_its_final_evaluation(caplog):
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        resolved(["--save_strategy", "no"])
+        resolved(["--eval_only", "--save_strategy", "no"])  # nothing to resume: no word
+    assert caplog.text.count("save_strategy=no: no checkpoint of the last step, so a run stopped in its final") == 1
+
+
+def test_the_split_and_the_rows_held_out_are_terms_of_an_evaluation(tmp_path, caplog):
+    """Two evaluations of the same questions on another split, or other held-out rows, are not the same one."""
+    test = {"model": "m", "questions_sha256": "q", "max_new_tokens": 8, "split": "test", "seconds": 1}
+    validation = {**test, "split": "validation", "validation_rows": 8}
+    records = records_of([True, False])
+    reports.write_report(tmp_path, "final", {**scoring.summarize([{**r, **FILLER} for r in records]), **test}, records)
+    assert reports.free_name(tmp_path, "final", test) == "final"
+    assert reports.free_name(tmp_path, "final", {k: v for k, v in test.items() if k != "split"}) == "final"  # older
+    assert reports.free_name(tmp_path, "final", validation) == "final-2"
+    reports.write_report(
+        tmp_path, "final-2", {**scoring.summarize([{**r, **FILLER} for r in records]), **validation}, records
+    )
+    assert reports.free_name(tmp_path, "final", {**validation, "validation_rows": 16}) == "final-3"
+    assert reports.why_not_comparable(test, validation) == "they were measured on different splits: test vs validation"
+    tags = {"tags": ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]}
+    think = {"tags": ["<think>", "</think>", "<answer>", "</answer>"]}
+    assert reports.why_not_comparable({**test, **tags}, {**test, **think}) == (
+        "they were asked for and read in other tags: <reasoning> </reasoning> <answer> </answer> vs "
+        "<think> </think> <answer> </answer>"
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A training run measures the trainer's own model, and loads it once
 
@@ -390,6 +493,52 @@ def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_p
     weights.write_bytes((tiny_dir / "model.safetensors").read_bytes())
     with pytest.raises(RecipeError, match=f"Could not load the model '{broken}'"):
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", str(broken)])
+
+
+def trained_folder(tmp_path, validation_rows):
+    """A run's output folder as the recipe leaves it: its model (a config), its state and its run record."""
+    run = tmp_path / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    for folder in (run, run / "checkpoint-4"):
+        (folder / "config.json").write_text("{}")
+        (folder / "trainer_state.json").write_text("{}")
+    record = {"settings": {"run": {"validation_rows": validation_rows}}}
+    (run / "run_record.json").write_text(json.dumps(record))
+    return run
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["model", "checkpoint"])
+def test_validation_rows_a_model_trained_on_are_refused_as_held_out(gsm8k_dir, tmp_path, checkpoint):
+    run = trained_folder(tmp_path, 0)
+    model = run / "checkpoint-4" if checkpoint else run
+    flags = ["--eval_only", "--dataset", str(gsm8k_dir), "--eval_split", "validation", "--validation_rows", "8"]
+    message = refused([*flags, "--model_name_or_path", str(model)])
+    assert message == (
+        f"Invalid settings:\n  - eval_split=validation: {model} was trained with validation_rows=0 (its run "
+        f"record, {run / 'run_record.json'}), so of the 8 train rows --validation_rows 8 holds out it trained on "
+        "every one of them: measure the test split (--eval_split test)"
+    )
+    (run / "run_record.json").write_text(json.dumps({"settings": {"run": {"validation_rows": 3}}}))
+    assert refused([*flags, "--model_name_or_path", str(model)]).endswith(
+        "it trained on all but 3 of them: measure the test split (--eval_split test), or the rows its run held out "
+        "(--validation_rows 3)"
+    )
+    # As many as its run held out, or fewer (one draw: they are among them), are held out indeed; so is the test split.
+    for rows in ("3", "2"):
+        resolved([*flags[:-1], rows, "--model_name_or_path", str(model)])
+    resolved(["--eval_only", "--dataset", str(gsm8k_dir), "--validation_rows", "8", "--model_name_or_path", str(model)])
+
+
+def test_validation_rows_of_a_trained_model_without_a_run_record_are_said_unknown(gsm8k_dir, tmp_path, caplog):
+    run = trained_folder(tmp_path, 0)
+    (run / "run_record.json").unlink()
+    flags = ["--eval_only", "--dataset", str(gsm8k_dir), "--eval_split", "validation", "--validation_rows", "8"]
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        resolved([*flags, "--model_name_or_path", str(run)])
+    assert (
+        f"eval_split=validation: {run} has no run record ({run / 'run_record.json'}): whether it trained on the rows "
+        "--validation_rows 8 holds out cannot be told, and they are called held out on its word"
+    ) in caplog.text
 
 
 @pytest.mark.parametrize("before_and_after", [True, False], ids=["final-eval", "no-final-eval"])

@@ -176,6 +176,7 @@ def test_a_preset_never_clears_what_its_run_reads(tmp_path, setting):
 def prepare_smoke(model: str, resume: str | None = None) -> None:
     """`presets.prepare` as `python grpo_demo.py --smoke` calls it, in the working folder."""
     run = SimpleNamespace(smoke=True, demo=False, eval_only=False, ask=None, dataset=presets.smoke.DATA_DIR)
+    vars(run).update(tiny_model="qwen2", reasoning_tag="reasoning", answer_tag="answer")  # the smoke's own terms
     training_args = SimpleNamespace(
         output_dir="outputs/smoke-GRPO", resume_from_checkpoint=resume, process_index=0, seed=42,
         main_process_first=lambda **kwargs: contextlib.nullcontext(),

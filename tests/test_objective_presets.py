@@ -177,5 +177,7 @@ def test_the_unsloth_preset_trains_on_cpu_with_its_4bit_base_and_8bit_optimizer_
     baseline = json.loads((out / "eval" / "baseline" / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "eval" / "baseline" / "completions.jsonl").open()]
     assert baseline["n"] == len(records) > 0  # evaluated in the <think> format: the tokenizer's tags are single
-    tokens = json.loads((tmp_path / tiny / "tokenizer.json").read_text())["added_tokens"]
+    built = json.loads((out / "run_record.json").read_text())["settings"]["model"]["model_name_or_path"]
+    assert built == f"{tiny}.think.answer.seed3407"  # the smoke model in its tags and seed: a folder of its own
+    tokens = json.loads((tmp_path / built / "tokenizer.json").read_text())["added_tokens"]
     assert {"<think>\n", "\n</think>\n"} <= {token["content"] for token in tokens}

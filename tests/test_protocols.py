@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from conftest import refused, resolved
 
 import grpo_demo
 from grpo_kit import RecipeError, evaluation, generation, scoring, smoke
@@ -436,6 +437,32 @@ def test_a_temperature_without_samples_is_said_to_do_nothing(caplog):
     with caplog.at_level("WARNING", logger="grpo_demo"):
         grpo_demo.parse_settings(["--eval_temperature", "0.5", "--eval_samples", "4"])
     assert "no samples are drawn" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--eval_protocols", "kshot", "chat", "--eval_samples", "8"], "eval_protocols kshot chat and eval_samples 8"),
+        (["--eval_samples", "4"], "eval_samples 4"),
+        (["--eval_protocols", "recipe", "chat"], "eval_protocols recipe chat"),
+    ],
+)
+def test_protocols_and_samples_without_the_final_evaluation_are_refused_before_anything_loads(extra, named):
+    message = refused(["--smoke", "--final_eval", "false", *extra])
+    assert message == (
+        f"Invalid settings:\n  - {named} apply to the baseline and final evaluation, and final_eval=false makes "
+        "neither: drop them, or --final_eval true (or measure the saved model after training: --eval_only "
+        "--model_name_or_path <output_dir>)"
+    )
+
+
+def test_protocols_and_samples_stand_with_the_final_evaluation_or_eval_only(tmp_path):
+    resolved(["--smoke", "--eval_protocols", "kshot", "--eval_samples", "4"])
+    resolved(["--smoke", "--final_eval", "false", "--eval_protocols", "recipe"])  # the default: nothing lost
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    resolved(["--eval_only", "--model_name_or_path", str(model), "--final_eval", "false", "--eval_samples", "4"])
 
 
 def test_the_table_names_each_protocols_reading_and_the_summary_keeps_the_first_prompt(tiny, rows, tmp_path, capsys):

@@ -169,6 +169,41 @@ def test_without_recipe_settings_a_cpu_searches_the_demo_and_a_gpu_box_the_recip
     )
 
 
+@pytest.mark.parametrize(
+    ("recipe_args", "name"),
+    [
+        (["--final_eval", "false"], "final_eval"),
+        (["--final_eval=false"], "final_eval"),
+        (["--final_ev", "false"], "final_eval"),  # an abbreviation the recipe's argparse takes for --final_eval
+        (["--smoke", "--eval_spl=test"], "eval_split"),
+        (["--output_d", "elsewhere"], "output_dir"),
+    ],
+)
+def test_the_settings_the_search_sets_are_refused_however_they_are_spelled(fake_recipe, capsys, recipe_args, name):
+    with pytest.raises(SystemExit) as stop:
+        search.parse_args(["--trials", "3", "--recipe", str(fake_recipe), "--", *recipe_args])
+    assert stop.value.code == 2
+    assert f"error: --{name} is the search's to set for each trial" in capsys.readouterr().err
+
+
+def test_a_recipe_setting_of_the_wrong_type_names_the_recipes_help(fake_recipe, capsys):
+    with pytest.raises(SystemExit):
+        search.parse_args(["--trials", "3", "--recipe", str(fake_recipe), "--", "--max_steps", "many"])
+    err = capsys.readouterr().err
+    assert "error: the recipe settings after --: argument --max_steps" in err
+    assert err.rstrip().endswith(f"python {fake_recipe} --help lists them")
+
+
+def test_the_best_settings_measure_the_test_split_whatever_a_config_file_says(tmp_path, monkeypatch):
+    """A --config with `final_eval: false` (the trials ran with true): best.yaml, whose header says its run reports
+    the test split, does not carry the false."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("demo: true\nfinal_eval: false\n")
+    best = types.SimpleNamespace(user_attrs={"settings": {"reward_weights": [0.5, 1.0, 0.0, 2.0, 1.5]}})
+    values = search.best_settings(types.SimpleNamespace(best_trial=best), ["--config", "base.yaml"], 256)
+    assert "final_eval" not in values and values["demo"] is True
+
+
 def test_the_best_settings_merge_a_config_file_under_the_command_line(tmp_path, monkeypatch):
     """Trials run `-- --config base.yaml --max_steps 3`: best.yaml holds the file's settings (its env: too), the
     command line's over them, the best trial's weights, the held-out rows; not a config: inside a config."""

@@ -576,10 +576,24 @@ def test_a_checkpoint_of_another_model_is_refused_before_its_optimizer_state_loa
         runs.same_parameters(torch.nn.Sequential(torch.nn.Linear(4, 2)), checkpoint)
 
 
-def test_resuming_a_finished_run_trains_nothing(tmp_path):
-    fake_checkpoint(tmp_path / "run" / "checkpoint-4", step=4)
-    message = refused(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest", "--max_steps", "4"])
+def test_resuming_a_finished_run_trains_nothing(tmp_path, caplog):
+    from safetensors.torch import save_file
+
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-4", step=4)
+    argv = ["--output_dir", str(run), "--resume_from_checkpoint", "latest", "--max_steps", "4"]
+    # Stopped in its final evaluation, or before its model was saved: the resume finishes it.
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        assert resolved(argv).resume_from_checkpoint == str(run / "checkpoint-4")
+    assert f"{run / 'checkpoint-4'} is the run's last step, and the run has no final model: finishing it" in caplog.text
+    save_file({"w": torch.zeros(4)}, run / "model.safetensors")
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 4}))  # written after the model
+    (run / "run_record.json").write_text(json.dumps({"settings": {}}))
+    message = refused(argv)
     assert "checkpoint-4 is at step 4, and this run ends at max_steps=4: nothing to train" in message
+    weights = (run / "model.safetensors").read_bytes()
+    (run / "model.safetensors").write_bytes(weights[:-5])  # its save cut short: not finished
+    assert resolved(argv).resume_from_checkpoint == str(run / "checkpoint-4")
 
 
 def test_resuming_another_folders_checkpoint_compares_with_that_run(tmp_path):
