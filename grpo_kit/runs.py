@@ -228,7 +228,7 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     folder = Path(checkpoint)
     state = folder / "trainer_state.json"
     missing = [f"{state.name}{f' ({why})' if state.is_file() else ''}"] if (why := state_damage(state)) else []
-    if not (weights := [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]):
+    if not (weights := weight_files(folder)):
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
         if path.name.endswith(".index.json"):
@@ -246,6 +246,10 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     rng = sorted(folder.glob("rng_state*.pth"))
     missing += [f"{path.name} (truncated or damaged)" for path in rng if not _loads(path)]
     return missing if rng else [*missing, "rng_state.pth"]
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
 
 
 def state_damage(path: Path) -> str | None:
@@ -267,15 +271,7 @@ def state_damage(path: Path) -> str | None:
 def _loads(path: Path) -> bool:
     """Whether a small torch file (scheduler, RNG state) loads as a resume loads it. The optimizer's state is too
     large to read here (12 bytes a parameter): only its zip structure is checked."""
-    import torch
-    from transformers.trainer_pt_utils import safe_globals
-
-    try:
-        with safe_globals():
-            torch.load(path, weights_only=True)
-    except Exception:  # any damage: a zip entry's CRC, an unpickling error, a wrong type
-        return False
-    return zipfile.is_zipfile(path)  # torch.save writes a zip
+    return _torch_file(path, map_location=None) is not None and zipfile.is_zipfile(path)  # torch.save writes a zip
 
 
 def whole(path: Path) -> bool:
@@ -333,10 +329,8 @@ def resume(values: dict) -> str | None:
     if not (path and trains(values)):
         return path
     state = read_json(Path(path) / "trainer_state.json") or {}
-    step, end = (
-        state.get("global_step", 0),
-        values["max_steps"] if values["max_steps"] > 0 else state.get("max_steps", 0),
-    )
+    step = state.get("global_step", 0)
+    end = values["max_steps"] if values["max_steps"] > 0 else state.get("max_steps", 0)
     if 0 < end <= step and finished(Path(path).parent, step):
         raise RecipeError(
             f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
@@ -373,17 +367,19 @@ def resume(values: dict) -> str | None:
     return path
 
 
-def _torch_file(path: Path, mmap: bool = False) -> dict:
-    """A checkpoint's torch file as tensors and plain values only (`weights_only`: nothing unpickled runs), {} when
-    absent or unreadable; `mmap`: tensors mapped, not read (the optimizer's state is 12 bytes a parameter)."""
+def _torch_file(path: Path, mmap: bool = False, map_location: str | None = "cpu") -> dict | None:
+    """A checkpoint's torch file as tensors and plain values only (`weights_only`: nothing unpickled runs; {} when it
+    holds no dict), None when absent or unreadable (any damage: a zip entry's CRC, an unpickling error, a wrong type;
+    DeepSpeed keeps its own optimizer); `mmap`: tensors mapped, not read (the optimizer's state is 12 bytes a
+    parameter)."""
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
     try:
         with safe_globals():
-            loaded = torch.load(path, weights_only=True, mmap=mmap, map_location="cpu")
-    except Exception:  # absent (DeepSpeed keeps its own), or damaged: missing_parts says which
-        return {}
+            loaded = torch.load(path, weights_only=True, mmap=mmap, map_location=map_location)
+    except Exception:
+        return None
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -394,9 +390,10 @@ def checkpoint_settings(checkpoint: str | Path) -> dict:
     optimizer's parameter groups; the decayed group's rate), per_device_train_batch_size (trainer_state.json's
     train_batch_size). Those it does not hold are left out."""
     folder, found = Path(checkpoint), {}
-    if rates := _torch_file(folder / "scheduler.pt").get("base_lrs"):
+    if rates := (_torch_file(folder / "scheduler.pt") or {}).get("base_lrs"):
         found["learning_rate"] = max(rates)
-    groups = [g for g in _torch_file(folder / "optimizer.pt", mmap=True).get("param_groups") or [] if "params" in g]
+    optimizer = _torch_file(folder / "optimizer.pt", mmap=True) or {}
+    groups = [g for g in optimizer.get("param_groups") or [] if "params" in g]
     if betas := [g["betas"] for g in groups if len(g.get("betas") or ()) == 2]:
         found["adam_beta1"], found["adam_beta2"] = (float(x) for x in betas[0])
     if decays := [g["weight_decay"] for g in groups if "weight_decay" in g]:
@@ -415,16 +412,15 @@ def same_parameters(model, checkpoint: str | Path) -> None:
     another model or adapter would fail in the optimizer's loading with a traceback of parameter groups."""
     from collections import Counter
 
-    state = _torch_file(Path(checkpoint) / "optimizer.pt", mmap=True)
+    state = _torch_file(Path(checkpoint) / "optimizer.pt", mmap=True) or {}
     if not (groups := state.get("param_groups")):
         return  # none to compare (DeepSpeed keeps its own)
     trained = [p for p in model.parameters() if p.requires_grad]
     counted = sum(len(g.get("params") or []) for g in groups)
-    shapes = Counter(tuple(s["exp_avg"].shape) for s in (state.get("state") or {}).values() if "exp_avg" in s)
-    if counted == len(trained) and not shapes - Counter(tuple(p.shape) for p in trained):
+    moments = [s["exp_avg"] for s in (state.get("state") or {}).values() if "exp_avg" in s]
+    if counted == len(trained) and not Counter(tuple(m.shape) for m in moments) - Counter(p.shape for p in trained):
         return
-    held = sum(s["exp_avg"].numel() for s in (state.get("state") or {}).values() if "exp_avg" in s)
-    size = f" ({held:,} parameters)" if held else ""
+    size = f" ({held:,} parameters)" if (held := sum(m.numel() for m in moments)) else ""
     raise RecipeError(
         f"{checkpoint}: its optimizer state is for {counted} weight tensors{size}, and this run "
         f"trains {len(trained)} ({sum(p.numel() for p in trained):,}): the checkpoint is of another model or adapter. "
@@ -437,14 +433,8 @@ def finished(output_dir: str | Path, step: int) -> bool:
     at that step or later, and its weights whole."""
     folder = Path(output_dir)
     state = read_json(folder / "trainer_state.json")
-    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-    shards = list(folder.glob("*.safetensors"))
-    return (
-        isinstance(state, dict)
-        and (state.get("global_step") or 0) >= step
-        and bool(weights)
-        and all(whole(path) for path in shards)
-    )
+    done = isinstance(state, dict) and (state.get("global_step") or 0) >= step and bool(weight_files(folder))
+    return done and all(whole(path) for path in folder.glob("*.safetensors"))
 
 
 def same_data(train, run, training_args) -> None:
