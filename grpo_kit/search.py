@@ -32,12 +32,8 @@ from grpo_kit.runs import alive, read_json, started_at
 
 OPTUNA_PIN = "optuna==5.0.0"
 WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learning_rate, temperature
-DRIVERS = {
-    "psycopg": "'psycopg[binary]'",
-    "psycopg2": "psycopg2-binary",
-    "pymysql": "PyMySQL",
-    "MySQLdb": "mysqlclient",
-}  # module: pip package
+# A database driver's module: its pip package
+DRIVERS = dict(psycopg="'psycopg[binary]'", psycopg2="psycopg2-binary", pymysql="PyMySQL", MySQLdb="mysqlclient")
 # The recipe settings the search sets for each trial
 SEARCH_OWN = ("output_dir", "run_name", "reward_weights", "eval_split", "validation_rows", "final_eval")
 FINISHED_ATTR = "returncode"  # set on every trial whose run ended (well or not): the others were interrupted
@@ -177,22 +173,22 @@ def open_study(args, optuna, names: list[str]):
             study = optuna.load_study(study_name=args.study, storage=storage, sampler=sampler)
         else:
             study.set_user_attr("terms", own)
-            study.enqueue_trial({f"{WEIGHT_PREFIX}{n}": 1.0 for n in names}, user_attrs={"default_weights": True})
+            enqueue_default(study, names)
     for _ in range(100):  # made on another database by a worker that has not written its terms yet
         if "terms" in study.user_attrs:
             break
         time.sleep(0.1)
-    started = study.user_attrs.get("terms") or {}
-    if started != json.loads(json.dumps(own)) and not_started(study, optuna):
+    started, own = study.user_attrs.get("terms") or {}, json.loads(json.dumps(own))  # as the storage holds them
+    if started != own and not_started(study, optuna):
         # A study no trial ran in yet (its first command stopped before a run began): nothing to compare with.
         print(f"Study {args.study!r} has no trial that ran yet: its terms are this command's now", flush=True)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # not run again: of the old terms
             if trial.user_attrs.get("default_weights"):  # the recipe's weights still go first
-                study.enqueue_trial({f"{WEIGHT_PREFIX}{n}": 1.0 for n in names}, user_attrs={"default_weights": True})
+                enqueue_default(study, names)
         study.set_user_attr("terms", own)
         started = own
-    if started != json.loads(json.dumps(own)):
+    if started != own:
         changed = {key: (started.get(key), value) for key, value in own.items() if started.get(key) != value}
         raise RecipeError(
             f"Study {args.study!r} in {args.storage} was started with other terms, so its trials would not "
@@ -201,20 +197,25 @@ def open_study(args, optuna, names: list[str]):
     return study, storage
 
 
+def enqueue_default(study, names: list[str]) -> None:
+    study.enqueue_trial({f"{WEIGHT_PREFIX}{n}": 1.0 for n in names}, user_attrs={"default_weights": True})
+
+
 def not_started(study, optuna) -> bool:
     """Whether no trial of `study` ran a recipe: none finished one, and none is running with a live worker (on this
     machine; a worker elsewhere counts as live)."""
-    host = socket.gethostname()
     for trial in study.get_trials(deepcopy=False):
         if FINISHED_ATTR in trial.user_attrs or trial.state == optuna.trial.TrialState.COMPLETE:
             return False
         worker = trial.user_attrs.get("worker")
-        live = worker is not None and (
-            worker.get("host") != host or alive(worker.get("pid", -1), worker.get("started"))
-        )
-        if trial.state == optuna.trial.TrialState.RUNNING and live:
+        if trial.state == optuna.trial.TrialState.RUNNING and worker is not None and not worker_gone(worker):
             return False
     return True
+
+
+def worker_gone(worker: dict) -> bool:
+    """Whether a trial's worker is a process on this machine that no longer exists."""
+    return worker.get("host") == socket.gethostname() and not alive(worker.get("pid", -1), worker.get("started"))
 
 
 def run_again(study, trial) -> None:
@@ -228,12 +229,12 @@ def reclaim(study, optuna, grace: int) -> None:
     """Fail and queue again the running trials whose worker is gone: on this machine, a process that no longer
     exists (at once); anywhere, a heartbeat older than the grace period (Optuna's stale trials), or no worker named
     that long after the trial began (killed between taking the trial and naming itself)."""
-    host, now = socket.gethostname(), datetime.now()
+    now = datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if (worker := trial.user_attrs.get("worker")) is None:
             gone = trial.datetime_start is not None and (now - trial.datetime_start).total_seconds() > grace
         else:
-            gone = worker.get("host") == host and not alive(worker.get("pid", -1), worker.get("started"))
+            gone = worker_gone(worker)
         if gone:
             try:
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
