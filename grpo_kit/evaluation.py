@@ -252,9 +252,8 @@ class AccuracyCallback(TrainerCallback):
         from transformers import TrainerState
 
         trainer, checkpoint = self.trainer, self.trainer.args.resume_from_checkpoint
-        saved = runs.read_json(Path(checkpoint) / "trainer_state.json") if checkpoint else None
-        end = trainer.args.max_steps if trainer.args.max_steps > 0 else (saved or {}).get("max_steps", 0)
-        if not (saved and 0 < end <= saved.get("global_step", 0)):
+        step, end = runs.step_and_end(checkpoint, trainer.args.max_steps) if checkpoint else (0, 0)
+        if not 0 < end <= step:
             return False
         if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
             raise RecipeError(

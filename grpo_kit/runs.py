@@ -328,9 +328,7 @@ def resume(values: dict) -> str | None:
             )
     if not (path and trains(values)):
         return path
-    state = read_json(Path(path) / "trainer_state.json") or {}
-    step = state.get("global_step", 0)
-    end = values["max_steps"] if values["max_steps"] > 0 else state.get("max_steps", 0)
+    step, end = step_and_end(path, values["max_steps"])
     if 0 < end <= step and finished(Path(path).parent, step):
         raise RecipeError(
             f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
@@ -365,6 +363,12 @@ def resume(values: dict) -> str | None:
             )
         logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
     return path
+
+
+def step_and_end(checkpoint: str | Path, max_steps: int) -> tuple[int, int]:
+    """A checkpoint's step, and the step its run ends at: `max_steps`, or where that is -1 (epochs), its state's."""
+    state = read_json(Path(checkpoint) / "trainer_state.json") or {}
+    return state.get("global_step", 0), max_steps if max_steps > 0 else state.get("max_steps", 0)
 
 
 def _torch_file(path: Path, mmap: bool = False, map_location: str | None = "cpu") -> dict | None:
