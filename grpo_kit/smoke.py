@@ -14,6 +14,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from grpo_kit.runs import read_json
+
 TINY_MODELS = ("qwen2", "llama3")  # the kinds of tiny model --smoke and --demo build; the first is the default
 ASSETS_DIR = "outputs/smoke-assets"
 MODEL_DIRS = {kind: f"{ASSETS_DIR}/tiny-{kind}" for kind in TINY_MODELS}  # in <reasoning>/<answer>, seed 42
@@ -62,11 +64,8 @@ def build_once(folder: str | Path, made_with: dict, build, stamp: str = STAMP) -
     folder = Path(folder)
     made = json.loads(json.dumps(made_with))  # as the stamp reads back: tuples as lists
     with _locked(folder.parent):
-        try:
-            if json.loads((folder / stamp).read_text(encoding="utf-8")) == made:
-                return False
-        except (OSError, ValueError):
-            pass
+        if read_json(folder / stamp) == made:
+            return False
         for stale in folder.parent.glob(f".{folder.name}.*.part"):  # builds cut short: none runs, the lock is ours
             shutil.rmtree(stale, ignore_errors=True)
         part = folder.parent / f".{folder.name}.{os.getpid()}.part"
