@@ -131,13 +131,12 @@ def drop_long_prompts(data, tokenizer, max_tokens: int, split: str = "train"):
     ]
     long_rows = [i for i, n in enumerate(lengths) if n > max_tokens]
     span, cut = f"{min(lengths, default=0)}-{max(lengths, default=0)}", f" (rows {long_rows[:20]})" if long_rows else ""
+    prompt = "prompt" if split == "train" else f"{split} prompt"
     logger.info(
-        "%s: %d rows, %s tokens; %d over %d tokens dropped%s",
-        "Prompts" if split == "train" else f"{split.capitalize()} prompts",
-        len(lengths), span, len(long_rows), max_tokens, cut,
+        "%ss: %d rows, %s tokens; %d over %d tokens dropped%s",
+        prompt.capitalize(), len(lengths), span, len(long_rows), max_tokens, cut,
     )  # fmt: skip
     if len(long_rows) == len(lengths):
         what = "nothing to train on" if split == "train" else f"no {split} question to measure"
-        prompts = "prompt" if split == "train" else f"{split} prompt"
-        raise RecipeError(f"Every {prompts} is over {max_tokens} tokens: {what}. Raise --max_prompt_tokens")
+        raise RecipeError(f"Every {prompt} is over {max_tokens} tokens: {what}. Raise --max_prompt_tokens")
     return data.select([i for i, n in enumerate(lengths) if n <= max_tokens]) if long_rows else data
