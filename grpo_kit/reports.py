@@ -91,11 +91,9 @@ def why_not_comparable(old: dict, new: dict) -> str | None:
         return f"their {_term(old, 'protocol')} prompts differ: {details[0]} vs {details[1]}"
     if None not in (tags := (old.get("tags"), new.get("tags"))) and tags[0] != tags[1]:  # None: recorded before
         return f"they were asked for and read in other tags: {' '.join(tags[0])} vs {' '.join(tags[1])}"
-    if _term(old, "split") != _term(new, "split"):
-        return f"they were measured on different splits: {_term(old, 'split')} vs {_term(new, 'split')}"
-    for key, label in (("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
-        if old.get(key) != new.get(key):
-            shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (old.get(key), new.get(key))
+    for key, label in (("split", "splits"), ("questions_sha256", "questions"), ("max_new_tokens", "max_new_tokens")):
+        if _term(old, key) != _term(new, key):
+            shown = (old.get("n"), new.get("n")) if key == "questions_sha256" else (_term(old, key), _term(new, key))
             return f"they were measured on different {label}: {shown[0]} vs {shown[1]}"
     return None
 
