@@ -64,6 +64,8 @@ MIN_TEMPERATURE = 0.01
 # AdamW moves each weight by about the learning rate a step: above 0.01 a step rewrites a weight of ~0.02 entirely,
 # and a rate like 5e6 (for 5e-6) makes the first update non-finite.
 MAX_LEARNING_RATE = 1e-2
+# Below 1e-9 a step is under fp32's spacing at a typical weight (~2e-9 at 0.02): the weights do not move at all.
+MIN_LEARNING_RATE = 1e-9
 
 
 def learning_rate_and_temperatures(v: dict) -> Iterator[str]:
@@ -73,6 +75,8 @@ def learning_rate_and_temperatures(v: dict) -> Iterator[str]:
         flipped = float(f"{rate / 10 ** (2 * exponent):.6g}")  # the exponent's sign flipped: 5e6 -> 5e-06
         typo = f"; did you mean {flipped:g}?" if exponent > 0 and flipped <= MAX_LEARNING_RATE else ""
         yield f"learning_rate={rate}: must be positive and at most {MAX_LEARNING_RATE:g} (the recipe uses 5e-6){typo}"
+    elif rate is not None and rate < MIN_LEARNING_RATE:
+        yield f"learning_rate={rate}: below {MIN_LEARNING_RATE:g} no weight moves, the run would train nothing"
     for name, default in (("temperature", " (the recipe uses 0.9)"), ("eval_temperature", "")):
         if (t := v.get(name)) is not None and not 0 < t < math.inf:
             yield f"{name}={t}: sampling needs a positive temperature{default}"

@@ -34,17 +34,17 @@ MODEL_FILES = (
     r"preprocessor_config|model\.safetensors\.index)\.json|(model|adapter_model)(-\d{5}-of-\d{5})?\.safetensors|"
     r"vocab\.json|merges\.txt|chat_template\.jinja|README\.md|training_args\.bin"
 )
-CHECKPOINT = re.compile(r"checkpoint-[0-9]+")  # what the trainer names a checkpoint, and nothing else
+CHECKPOINT = re.compile(r"checkpoint-(0|[1-9][0-9]*)")  # what the trainer names a checkpoint (no checkpoint-02)
 RUN_FILES = re.compile(
     rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
-    rf"|checkpoint-[0-9]+/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
+    rf"|checkpoint-(0|[1-9][0-9]*)/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
     r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
     r"|completions/completions_[0-9]{5,}\.parquet"
     r"|eval/comparison(-[a-z]+)?\.json|eval/(baseline|final)(-[a-z]+)?(-[0-9]+)?/(summary\.json|completions\.jsonl)"
     r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
 )
 RUN_FOLDERS = re.compile(
-    r"checkpoint-[0-9]+(/global_step[0-9]+)?|completions|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
+    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
     r"|wandb(/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+(/.+)?)?"
 )
 RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
@@ -66,11 +66,13 @@ def not_written_by_a_run(folder: str | Path, under: str = "") -> list[str]:
 
 
 def read_json(path: str | Path, default=None):
-    """A JSON file of a run (record, state, summary), or `default` when it is missing or cannot be read."""
+    """A JSON object of a run (record, state, summary, lock), or `default` when it is missing, cannot be read or is
+    not an object (a damaged file: `[]`, `null`)."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return default
+    return value if isinstance(value, dict) else default
 
 
 def disk_full(err: BaseException) -> bool:

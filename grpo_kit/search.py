@@ -14,6 +14,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -85,7 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")
     if args.validation_rows is None:
         args.validation_rows = 256 if given.get("demo") else 500
+    if not re.fullmatch(r"[\w.-]+", args.study) or set(args.study) == {"."}:  # it names a folder, and trials' runs
+        parser.error(f"--study {args.study!r}: letters, digits, '.', '_' and '-' only (a folder's name, not a path)")
     args.folder = args.folder or Path("outputs") / "search" / args.study
+    if args.folder.exists() and not args.folder.is_dir():
+        parser.error(f"--folder {args.folder}: a file is there, not a folder: choose another")
     args.storage = args.storage or f"sqlite:///{(args.folder / 'study.db').resolve()}"
     if args.storage.startswith("sqlite:///") and args.storage != "sqlite:///:memory:":
         where = Path(args.storage.removeprefix("sqlite:///")).parent

@@ -157,12 +157,17 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
             raise RecipeError(
                 f"--config {path}: env: {key} is set by accelerate launch / torchrun, not by a config file"
             )
+        if isinstance(value, (bool, dict, list)):
+            raise RecipeError(
+                f"--config {path}: env: {key}: {value!r} is not a text value (YAML reads yes/no/on/off/true as a "
+                f'boolean): quote it, e.g. {key}: "1"'
+            )
         if key not in CONFIG_ENV:
             raise RecipeError(
                 f"--config {path}: env: {key} is not one a config file sets: set it in the shell instead "
                 f"({key}=... python {Path(sys.argv[0]).name} ...). A file's env: sets {', '.join(sorted(CONFIG_ENV))}"
             )
-        if apply_env:
+        if apply_env and value is not None:  # null: left as the shell has it
             os.environ[str(key)] = str(value)
     if env and not apply_env:
         values["env"] = env  # kept, unapplied, for a file written from these values
@@ -205,6 +210,8 @@ def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], 
             raise RecipeError(f"--config {path}: {key}: {value}: it takes {takes}")
         elif value is not None:  # null: the default, as if the line were not there
             items = value if isinstance(value, list) else [value]
+            if any(isinstance(x, str) and x.startswith("--") for x in items):  # it would be read as another setting
+                raise RecipeError(f"--config {path}: {key}: {value}: a value cannot start with --")
             tokens += [f"--{key}", *(str(x).lower() if isinstance(x, bool) else str(x) for x in items)]
     return tokens, direct, unknown
 

@@ -301,3 +301,17 @@ def test_resuming_where_every_checkpoint_holds_the_model_alone_is_refused(tmp_pa
         "state): no run resumes from it, and a new run here would write over it. Start a new run from its weights: "
         f"--model_name_or_path {newest} --output_dir <another folder>"
     )
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '"x"', "[1]"])
+def test_a_run_file_holding_json_that_is_no_object_reads_as_damaged(tmp_path, text):
+    """A lock or run record cut or overwritten to `[]`, `null`, a string: read as absent, never `.get` on a list."""
+    (tmp_path / runs.RECORD_NAME).write_text(text)
+    assert runs.read_run_record(tmp_path) is None
+    assert runs.read_json(tmp_path / runs.RECORD_NAME, {}) == {}
+
+
+def test_a_checkpoint_is_named_as_the_trainer_names_it_and_a_copy_is_not():
+    assert [name for name in ("checkpoint-0", "checkpoint-12", "checkpoint-02", "checkpoint-2-keep", "checkpoint-")
+            if runs.CHECKPOINT.fullmatch(name)] == ["checkpoint-0", "checkpoint-12"]  # fmt: skip
+    assert not runs.RUN_FILES.fullmatch("checkpoint-02/model.safetensors")  # a user's copy: never cleared

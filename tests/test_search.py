@@ -275,13 +275,15 @@ def test_a_study_goes_on_only_with_the_terms_it_started_with(fake_recipe, capsys
             "--storage sqlite:///no/such/folder/study.db: no folder no/such/folder for the database: make it, or fix "
             "the path",
         ),
+        (["--study", "../../elsewhere"], "--study '../../elsewhere': letters, digits, '.', '_' and '-' only"),
+        (["--folder", str(ROOT / "README.md")], f"--folder {ROOT / 'README.md'}: a file is there, not a folder"),
     ],
 )
 def test_the_searchs_own_arguments_are_checked_before_it_starts(fake_recipe, capsys, given, message):
     with pytest.raises(SystemExit) as stop:
         search.main(search_args(fake_recipe, fake_recipe.parent / "study", 2, *given, "--", "--smoke"))
     assert stop.value.code == 2
-    assert f"python -m grpo_kit.search: error: {message}\n" in capsys.readouterr().err
+    assert f"python -m grpo_kit.search: error: {message}" in capsys.readouterr().err
     assert not (fake_recipe.parent / "study").exists()  # nothing started
 
 

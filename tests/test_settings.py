@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, offline_env, refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks, runs
+from grpo_kit import RecipeError, checks, runs, settings
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -154,6 +154,8 @@ def test_the_tiny_model_is_checked_and_named_in_yaml_too(tmp_path, caplog):
         ("max_steps: {a: 1}\n", "max_steps: a mapping given, it takes one value"),
         ("generation_kwargs: x\n", "generation_kwargs: str given, it takes a mapping"),
         ("config: other.yaml\n", "a config: inside a config file is not read"),
+        ("env:\n  WANDB_MODE: off\n", "env: WANDB_MODE: False is not a text value (YAML reads yes/no/on/off/true"),
+        ("health_checks_off: [truncation, --learning_rate, 1]\n", "a value cannot start with --"),
     ],
 )
 def test_a_bad_config_file_is_named(tmp_path, text, message):
@@ -306,6 +308,7 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
             "(to inf near 1e-38): use 0.01 or more (the recipe uses 0.9)",
         ),
         (["--eval_temperature", "1e-40"], "eval_temperature=1e-40: below 0.01 sampling is greedy in effect"),
+        (["--learning_rate", "1e-320"], "learning_rate=1e-320: below 1e-09 no weight moves, the run would train"),
         (["--temperature", "0"], "temperature=0.0: sampling needs a positive temperature"),
         (["--seed", "-1"], "seed=-1: must be from 0 to 2**32 - 1"),
         (["--seed", "4294967296"], "seed=4294967296: must be from 0 to 2**32 - 1"),
@@ -877,3 +880,10 @@ def test_a_disk_without_room_for_a_checkpoint_is_named(tiny_dir, monkeypatch):
         RecipeError, match=r"0.0 MiB free, and one checkpoint of this run takes about \d+\.\d MiB: free some space"
     ):
         checks.model_and_disk(model_args, args)
+
+
+def test_a_null_in_a_config_files_env_leaves_the_variable_as_the_shell_has_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_TAGS", "from-the-shell")
+    (tmp_path / "c.yaml").write_text("env:\n  WANDB_TAGS: null\n")
+    settings.read_config(["--config", str(tmp_path / "c.yaml")])
+    assert os.environ["WANDB_TAGS"] == "from-the-shell"  # not the text "None"
