@@ -34,6 +34,20 @@ MODEL_FILES = (
     r"preprocessor_config|model\.safetensors\.index)\.json|(model|adapter_model)(-\d{5}-of-\d{5})?\.safetensors|"
     r"vocab\.json|merges\.txt|chat_template\.jinja|README\.md|training_args\.bin"
 )
+# What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
+# that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
+# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code; CUDA_VISIBLE_DEVICES must reach accelerate launch, which places
+# its processes on GPUs before they read the file, and ACCELERATE_* are its own config's: those are set in the shell.
+CONFIG_ENV = {
+    # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
+    # wandb.init's settings, transformers' WandbCallback and online.configure_wandb read these when a run starts
+    "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS", "WANDB_NOTES", "WANDB_MODE",
+    "WANDB_DIR", "WANDB_LOG_MODEL", "WANDB_WATCH",
+    "TOKENIZERS_PARALLELISM",  # tokenizers reads it at each use
+    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
+    "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
+}  # fmt: skip
 CHECKPOINT = re.compile(r"checkpoint-(0|[1-9][0-9]*)")  # what the trainer names a checkpoint (no checkpoint-02)
 RUN_FILES = re.compile(
     rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
@@ -500,8 +514,6 @@ def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict
     """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
     settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
     now, record = datetime.now(UTC).isoformat(timespec="seconds"), read_run_record(output_dir) if resumed_from else None
-    from grpo_kit.settings import CONFIG_ENV  # the variables that change a run (a config file may set them)
-
     environment = {name: os.environ[name] for name in sorted(CONFIG_ENV) if name in os.environ}
     facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware(), "env": environment}
     if record is not None:

@@ -3,8 +3,8 @@ YAML file (`--config`) on that, and the command line wins; then checked (`grpo_k
 loaded, and the values derived from them set (the checkpoint to resume, the attention that can run, offline mode).
 Any field of `RunArguments` (below), TRL's `GRPOConfig` or `ModelConfig` can be set either way. The YAML is read here,
 not by TRL, so that every value can be checked before a dataclass or model is built; its `env:` block sets the
-variables of `CONFIG_ENV` alone, before the libraries that read them are imported. Each default is declared once: the
-recipe's constants, passed in."""
+variables of `runs.CONFIG_ENV` alone, before the libraries that read them are imported. Each default is declared
+once: the recipe's constants, passed in."""
 
 import argparse
 import logging
@@ -23,20 +23,6 @@ logger = logging.getLogger("grpo_demo")
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAUNCHER_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-# What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
-# that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
-# NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code; CUDA_VISIBLE_DEVICES must reach accelerate launch, which places
-# its processes on GPUs before they read the file, and ACCELERATE_* are its own config's: those are set in the shell.
-CONFIG_ENV = {
-    # huggingface_hub/constants.py and datasets/config.py read these at import (TRANSFORMERS_OFFLINE too)
-    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE",
-    # wandb.init's settings, transformers' WandbCallback and online.configure_wandb read these when a run starts
-    "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE", "WANDB_TAGS", "WANDB_NOTES", "WANDB_MODE",
-    "WANDB_DIR", "WANDB_LOG_MODEL", "WANDB_WATCH",
-    "TOKENIZERS_PARALLELISM",  # tokenizers reads it at each use
-    "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
-    "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
-}  # fmt: skip
 MAX_YAML_VALUES = 100_000  # a settings file holds hundreds; aliases expanding past this are a "billion laughs"
 # GRPOConfig's fields that take a mapping (generation_kwargs, model_init_kwargs, ...): the only YAML mappings read.
 MAPPING_SETTINGS = {
@@ -162,10 +148,11 @@ def read_config(argv: list[str], apply_env: bool = True) -> tuple[list[str], dic
                 f"--config {path}: env: {key}: {value!r} is not a text value (YAML reads yes/no/on/off/true as a "
                 f'boolean): quote it, e.g. {key}: "1"'
             )
-        if key not in CONFIG_ENV:
+        if key not in runs.CONFIG_ENV:
             raise RecipeError(
                 f"--config {path}: env: {key} is not one a config file sets: set it in the shell instead "
-                f"({key}=... python {Path(sys.argv[0]).name} ...). A file's env: sets {', '.join(sorted(CONFIG_ENV))}"
+                f"({key}=... python {Path(sys.argv[0]).name} ...). A file's env: sets "
+                + ", ".join(sorted(runs.CONFIG_ENV))
             )
         if apply_env and value is not None:  # null: left as the shell has it
             os.environ[str(key)] = str(value)

@@ -11,10 +11,8 @@ import json
 import os
 import random
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-
-from grpo_kit.runs import read_json
 
 TINY_MODELS = ("qwen2", "llama3")  # the kinds of tiny model --smoke and --demo build; the first is the default
 ASSETS_DIR = "outputs/smoke-assets"
@@ -64,8 +62,9 @@ def build_once(folder: str | Path, made_with: dict, build, stamp: str = STAMP) -
     folder = Path(folder)
     made = json.loads(json.dumps(made_with))  # as the stamp reads back: tuples as lists
     with _locked(folder.parent):
-        if read_json(folder / stamp) == made:
-            return False
+        with suppress(OSError, ValueError):  # no stamp, or a damaged one: built again
+            if json.loads((folder / stamp).read_text(encoding="utf-8")) == made:
+                return False
         for stale in folder.parent.glob(f".{folder.name}.*.part"):  # builds cut short: none runs, the lock is ours
             shutil.rmtree(stale, ignore_errors=True)
         part = folder.parent / f".{folder.name}.{os.getpid()}.part"
