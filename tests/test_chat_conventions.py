@@ -348,6 +348,7 @@ def test_warm_start_targets_end_where_a_turn_ends_after_prompts_with_one_bos(kin
     assert all(bos_count(prompt, tokenizer) == (kind == "llama3") for prompt, _, _ in triples)
 
 
+@pytest.mark.slow  # the recipe in a subprocess
 @pytest.mark.parametrize("mode", [["--max_steps", "1"], ["--eval_only"]])
 def test_a_base_model_without_a_chat_template_is_named_not_a_traceback(mode, base_model_dir, gsm8k_dir, tmp_path):
     args = ["--model_name_or_path", str(base_model_dir), "--dataset", str(gsm8k_dir), *mode, "--report_to", "none"]

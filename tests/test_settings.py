@@ -204,6 +204,7 @@ def test_a_config_files_env_cannot_set_a_variable_that_runs_code(tmp_path, monke
     assert len(runs.recipe_commit()["commit"] or "") == 40 and not mark.exists()  # git ran, and ran nothing else
 
 
+@pytest.mark.slow  # the recipe in a subprocess
 def test_a_config_files_env_is_set_before_the_libraries_read_it_and_recorded(tmp_path, monkeypatch):
     """HF_HOME is read once, when huggingface_hub is imported: the config's env: is set before the recipe imports
     it (or trl, transformers, datasets), so that the file's cache folder is the one used."""
