@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     online.configure_wandb(training_args)
     checks.before_the_weights(train, run, model_args, training_args, examples)  # data, LoRA targets, disk
     model_args.dtype = weights_dtype(model_args, training_args)
-    training_args.model_init_kwargs = models.init_kwargs(model_args)
+    training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)  # one GPU per process
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         processing_class=tokenizer,
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
-    models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
+    models.prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
     accuracy = evaluation.callback(trainer, measured, run, fmt, examples)  # before, during and after training
     trainer.add_callback(accuracy)
     watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen
