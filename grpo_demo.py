@@ -332,13 +332,16 @@ def weights_dtype(model_args, training_args) -> str:
     fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
     master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
     memory: 16 bytes per parameter before activations, ~25 GB for the 1.5B model (README, "GPU memory").
-    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32.
+    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32. DeepSpeed
+    trains bf16 weights beside fp32 master copies of its own: they load in bf16 (fp32 would only cost host memory).
     """
+    from grpo_kit.models import zero_stage
+
     if model_args.dtype:
         return model_args.dtype
     if training_args.use_cpu or not training_args.bf16:
         return "float32"
-    return "bfloat16" if model_args.use_peft else "float32"
+    return "bfloat16" if model_args.use_peft or zero_stage() else "float32"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -222,6 +222,7 @@ def prepare_trained_model(trainer) -> None:
     """What the trainer's model needs once loaded, before training: fp32 adapters, a base that vLLM's weight syncs
     leave as it was, rollouts cast once each, one input-gradient hook however often checkpointing is re-enabled."""
     train_adapters_in_fp32(trainer)
+    reference_in_bf16(trainer)
     if trainer.args.use_vllm:
         keep_base_exact(trainer.model)
     cast_once_per_generation(trainer)
@@ -268,9 +269,9 @@ def cast_once_per_generation(trainer) -> None:
     cache (torch clears it only when the outermost autocast exits): each weight cast once per generation. It also
     covers PEFT, whose `generate` calls the base model's forward, not the wrapped one (a `--dtype float32` LoRA
     model then handed flash-attention fp32 tensors, which it refuses)."""
-    model, autocast = trainer.model, trainer.accelerator.autocast
     if not (trainer.args.bf16 or trainer.args.fp16) or trainer.is_deepspeed_enabled:
         return
+    model, autocast = trainer.model, trainer.accelerator.autocast
     generate = model.generate
 
     def generate_in_one_autocast(*args, **kwargs):
@@ -301,6 +302,22 @@ def _enable_once(module):
         PreTrainedModel.enable_input_require_grads(module)
 
     return enable_input_require_grads
+
+
+def reference_in_bf16(trainer) -> bool:
+    """The KL reference model (beta > 0, full fine-tuning) in bf16: TRL loads it as the policy (fp32 weights), and
+    it only computes log-probabilities under the same bf16 autocast, so its fp32 copy would double the weights'
+    memory for nothing. DeepSpeed prepares its own (loaded in bf16 there)."""
+    import torch
+
+    ref = getattr(trainer, "ref_model", None)
+    if ref is None or trainer.is_deepspeed_enabled or not trainer.args.bf16:
+        return False
+    if {p.dtype for p in ref.parameters()} != {torch.float32}:
+        return False
+    ref.to(torch.bfloat16)
+    logger.info("The reference model computes in bf16: its weights cast to bf16 (half the memory of fp32)")
+    return True
 
 
 def train_adapters_in_fp32(trainer) -> int:
