@@ -4,6 +4,7 @@ attention that can run, the trainer's load arguments, a saved model for inferenc
 import importlib.util
 import logging
 import os
+from functools import partial
 from importlib import metadata
 
 from grpo_kit import RecipeError
@@ -272,13 +273,29 @@ def cast_once_per_generation(trainer) -> None:
     if not (trainer.args.bf16 or trainer.args.fp16) or trainer.is_deepspeed_enabled:
         return
     model, autocast = trainer.model, trainer.accelerator.autocast
-    generate = model.generate
+    generate, generating = model.generate, []
+    for module in model.modules():  # RoPE's fp32 cos/sin would promote the cached keys to fp32 (43 KB/token, not 28)
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            module.register_forward_hook(partial(_rope_in_autocast_dtype, generating))
 
     def generate_in_one_autocast(*args, **kwargs):
         with autocast():
-            return generate(*args, **kwargs)
+            generating.append(True)
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                generating.pop()
 
     model.generate = generate_in_one_autocast
+
+
+def _rope_in_autocast_dtype(generating: list, module, inputs, output):
+    """During a generation, RoPE's cos and sin in the dtype autocast computes in: keys and queries stay bf16."""
+    import torch
+
+    if not generating or not torch.is_autocast_enabled(device := output[0].device.type):
+        return output
+    return tuple(t.to(torch.get_autocast_dtype(device)) for t in output)
 
 
 def one_input_grad_hook(model) -> None:

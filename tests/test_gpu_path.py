@@ -243,6 +243,8 @@ def test_a_rollout_casts_each_weight_once_and_a_fp32_lora_model_computes_in_bf16
     weights = sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape == shape)
     greedy = dict(do_sample=False, min_new_tokens=12, max_new_tokens=12)
     assert weight_casts(model, lambda: model.generate(ids, **greedy)) == weights  # once per generation, not per token
+    cache = model.generate(ids, **greedy, return_dict_in_generate=True).past_key_values
+    assert {(layer.keys.dtype, layer.values.dtype) for layer in cache.layers} == {(torch.bfloat16, torch.bfloat16)}
 
     lora = trainer_for(tiny_dir, gsm8k_dir, tmp_path / "lora", ["--use_peft", "--dtype", "float32"])
     seen = []
