@@ -520,7 +520,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32 adapters with their gradients and moments.
     Generation and training do not overlap: the peak is the larger of the KV cache (fp32 keys beside fp32 weights:
     RoPE's fp32 cos/sin promote them) and the training's activations (checkpointed layer inputs, one layer's
-    recompute, the completion logits in bf16 and their fp32 log-softmax)."""
+    recompute, the completion logits and their gradient in bf16; TRL's log-softmax runs a row at a time)."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
     mode, zero, n = plan["mode"], plan.get("zero"), max(1, plan.get("processes", 1))
     tokens, completion = plan["prompt"] + plan["completion"], plan["completion"]
@@ -557,7 +557,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     batch = plan["batch"]
     activations = batch * tokens * H * residual * L + batch * tokens * (16 * H + 3 * shape["intermediate"]) * 2
-    activations += batch * completion * shape["vocab"] * (2 + 4)
+    activations += batch * completion * shape["vocab"] * (2 + 2)  # bf16 logits and their gradient
     if plan.get("vllm_share"):
         parts["vLLM (its reserved share)"] = plan["vllm_share"] * plan["gpu"]
         parts["training activations"] = activations
