@@ -518,8 +518,8 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     fp32 weights, fp32 gradients, AdamW's two fp32 moments (2 bytes each in 8 bits), and autocast's bf16 copy of
     the weights; DeepSpeed ZeRO: bf16 weights (sharded under ZeRO-3), the fp32 master weights, gradients and moments
     sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32 adapters with their gradients and moments.
-    Generation and training do not overlap: the peak is the larger of the KV cache (fp32 keys beside fp32 weights:
-    RoPE's fp32 cos/sin promote them) and the training's activations (checkpointed layer inputs, one layer's
+    Generation and training do not overlap: the peak is the larger of the KV cache (bf16) and the training's
+    activations (checkpointed layer inputs, one layer's
     recompute, the completion logits and their gradient in bf16; TRL's log-softmax runs a row at a time)."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
     mode, zero, n = plan["mode"], plan.get("zero"), max(1, plan.get("processes", 1))
@@ -532,12 +532,16 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
             parts["fp32 master weights"] = 4 * P / n
             parts["gradients"] = 4 * P / n
             parts["optimizer"] = moments * P / n
+        elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
+            parts["weights (bf16)"] = 2 * P
+            parts["gradients (bf16)"] = 2 * P
+            parts["optimizer"] = moments * P / 2
         else:
             parts["weights (fp32)"] = 4 * P
             parts["gradients (fp32)"] = 4 * P
             parts["optimizer"] = moments * P
             parts["bf16 cast of the weights (autocast)"] = 2 * P
-        residual = 2 if zero else 4
+        residual = 2 if zero or plan.get("half_weights") else 4
     else:
         per_layer = {
             "q_proj": H + shape["heads"] * shape["head_dim"], "k_proj": H + shape["kv_heads"] * shape["head_dim"],
@@ -553,7 +557,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
         if plan.get("vllm_share"):
             parts["base copy during a vLLM sync"] = 2 * body
         residual = 2
-    kv_bytes = (4 if mode == "full" and not zero else 2) + 2  # keys, values
+    kv_bytes = 2 + 2  # bf16 keys and values (models.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     batch = plan["batch"]
     activations = batch * tokens * H * residual * L + batch * tokens * (16 * H + 3 * shape["intermediate"]) * 2
@@ -578,6 +582,7 @@ def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256)
     steps = training_args.steps_per_generation or training_args.gradient_accumulation_steps
     return dict(
         mode=mode, zero=zero, processes=world_size() if zero else 1, lora_r=model_args.lora_r,
+        half_weights=model_args.dtype in ("bfloat16", "float16"),
         optim_8bit="8bit" in str(training_args.optim), batch=training_args.per_device_train_batch_size,
         generation_batch=training_args.per_device_train_batch_size * steps,
         prompt=prompt_tokens, completion=training_args.max_completion_length,
