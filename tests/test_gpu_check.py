@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -211,3 +212,15 @@ def test_a_variant_the_budget_stops_is_not_run_and_one_past_its_timeout_failed(m
     assert gpu_check.failures({"full": {"status": "passed"}, "lora": result}) == (
         [] if status == "not run" else ["lora: stopped after 60 s: --timeout"]
     )
+
+
+def test_variants_the_budget_cannot_cover_are_not_run_and_fail_nothing_but_the_empty_check(monkeypatch, tmp_path):
+    def built(command, cwd, log, timeout):  # the build, without building: its facts written as it would
+        write_assets(tmp_path / "assets")
+        return 0, 0.1
+
+    monkeypatch.setattr(gpu_check, "run_logged", built)
+    args = SimpleNamespace(dry_run=False, steps=None, completion=None, variants="full,lora", work=str(tmp_path))
+    report = gpu_check.check(SimpleNamespace(**vars(args), budget=30, timeout=300))
+    assert {name: v["status"] for name, v in report["variants"].items()} == {"full": "not run", "lora": "not run"}
+    assert report["failures"] == ["no variant ran: nothing was checked"]
