@@ -332,13 +332,16 @@ def weights_dtype(model_args, training_args) -> str:
     fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
     master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
     memory: 16 bytes per parameter before activations, ~25 GB for the 1.5B model (README, "GPU memory").
-    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32.
+    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32. DeepSpeed
+    trains bf16 weights beside fp32 master copies of its own: they load in bf16 (fp32 would only cost host memory).
     """
+    from grpo_kit.models import zero_stage
+
     if model_args.dtype:
         return model_args.dtype
     if training_args.use_cpu or not training_args.bf16:
         return "float32"
-    return "bfloat16" if model_args.use_peft else "float32"
+    return "bfloat16" if model_args.use_peft or zero_stage() else "float32"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -374,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     online.configure_wandb(training_args)
     checks.before_the_weights(train, run, model_args, training_args, examples)  # data, LoRA targets, disk
     model_args.dtype = weights_dtype(model_args, training_args)
-    training_args.model_init_kwargs = models.init_kwargs(model_args)
+    training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)  # one GPU per process
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         processing_class=tokenizer,
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
-    models.train_adapters_in_fp32(trainer)  # TRL casts QLoRA adapters to bf16, where small updates round away
+    models.prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
     accuracy = evaluation.callback(trainer, measured, run, fmt, examples)  # before, during and after training
     trainer.add_callback(accuracy)
     watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen

@@ -421,7 +421,7 @@ def before_the_weights(train, run, model_args, training_args, examples=None) -> 
     enough_data(train, training_args)
     enough_examples(examples, run)
     runs.same_data(train, run, training_args)
-    model_and_disk(model_args, training_args)
+    model_and_disk(model_args, training_args, run.max_prompt_tokens)
 
 
 def enough_examples(examples, run) -> None:
@@ -446,7 +446,7 @@ def enough_data(train, training_args) -> None:
         )
 
 
-def model_and_disk(model_args, training_args) -> None:
+def model_and_disk(model_args, training_args, prompt_tokens: int = 256) -> None:
     """What the model's config (a few KB, no weights) can tell before the weights load: that LoRA's target modules
     exist in the model, and that the disk holds a checkpoint. Stops with a message otherwise."""
     import torch
@@ -464,6 +464,7 @@ def model_and_disk(model_args, training_args) -> None:
     if model_args.use_peft and isinstance(targets, list) and (unknown := [t for t in targets if t not in modules]):
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
         raise RecipeError(f"lora_target_modules: {name} has no {unknown}; its linear layers are {linear}")
+    memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
     # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.
     checkpoint = 2 * 2**30 if model_args.use_peft else sum(p.numel() for p in skeleton.parameters()) * (4 + 8)
     folder = Path(training_args.output_dir)
@@ -482,3 +483,165 @@ def model_and_disk(model_args, training_args) -> None:
 
 def _size(nbytes: float) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+# ---------------------------------------------- The memory plan ---------------------------------------------------
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EIGHT_BIT = "paged_adamw_8bit"
+
+
+def model_shape(config, skeleton) -> dict:
+    """What the memory plan needs of a model: its parameters (counted on the meta skeleton) and dimensions."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return dict(
+        parameters=sum(p.numel() for p in skeleton.parameters()),
+        embedding=text.vocab_size * text.hidden_size,
+        layers=text.num_hidden_layers,
+        hidden=text.hidden_size,
+        heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
+        vocab=text.vocab_size,
+    )
+
+
+def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
+    """Peak GPU memory of one process in bytes, by part, for `plan`: mode ("full", "lora", "qlora"), zero (None,
+    "2", "3") and processes, optim_8bit, lora_r, batch (completions per micro-batch), generation_batch (completions
+    each generate call decodes), prompt and completion (tokens), vllm_share (colocate: the share of the GPU's
+    memory vLLM reserves, 0 without it) and gpu (bytes).
+
+    Rough by design (within ~20 %): what the recipe holds, from the sources. Full fine-tuning without DeepSpeed:
+    fp32 weights, fp32 gradients, AdamW's two fp32 moments (2 bytes each in 8 bits), and autocast's bf16 copy of
+    the weights; DeepSpeed ZeRO: bf16 weights (sharded under ZeRO-3), the fp32 master weights, gradients and moments
+    sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32 adapters with their gradients and moments.
+    Generation and training do not overlap: the peak is the larger of the KV cache (bf16) and the training's
+    activations (checkpointed layer inputs, one layer's
+    recompute, the completion logits and their gradient in bf16; TRL's log-softmax runs a row at a time)."""
+    P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
+    mode, zero, n = plan["mode"], plan.get("zero"), max(1, plan.get("processes", 1))
+    tokens, completion = plan["prompt"] + plan["completion"], plan["completion"]
+    moments = 2 if plan.get("optim_8bit") else 8
+    parts: dict[str, float] = {}
+    if mode == "full":
+        if zero:
+            parts["weights (bf16)"] = 2 * P / (n if zero == "3" else 1)
+            parts["fp32 master weights"] = 4 * P / n
+            parts["gradients"] = 4 * P / n
+            parts["optimizer"] = moments * P / n
+        elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
+            parts["weights (bf16)"] = 2 * P
+            parts["gradients (bf16)"] = 2 * P
+            parts["optimizer"] = moments * P / 2
+        else:
+            parts["weights (fp32)"] = 4 * P
+            parts["gradients (fp32)"] = 4 * P
+            parts["optimizer"] = moments * P
+            parts["bf16 cast of the weights (autocast)"] = 2 * P
+        residual = 2 if zero or plan.get("half_weights") else 4
+    else:
+        per_layer = {
+            "q_proj": H + shape["heads"] * shape["head_dim"], "k_proj": H + shape["kv_heads"] * shape["head_dim"],
+            "v_proj": H + shape["kv_heads"] * shape["head_dim"], "o_proj": shape["heads"] * shape["head_dim"] + H,
+            "gate_proj": H + shape["intermediate"], "up_proj": H + shape["intermediate"],
+            "down_proj": shape["intermediate"] + H,
+        }  # fmt: skip
+        adapters = plan.get("lora_r", 16) * L * sum(per_layer.values())
+        body = P - shape["embedding"]
+        base = 0.5 * body + 2 * shape["embedding"] * 2 if mode == "qlora" else 2 * P  # 4-bit body, bf16 embeddings
+        parts["base weights (4-bit)" if mode == "qlora" else "base weights (bf16)"] = base
+        parts["adapters, gradients, optimizer"] = (4 + 4 + moments) * adapters
+        if plan.get("vllm_share"):
+            parts["base copy during a vLLM sync"] = 2 * body
+        residual = 2
+    kv_bytes = 2 + 2  # bf16 keys and values (models.cast_once_per_generation: RoPE in bf16 while generating)
+    kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
+    batch = plan["batch"]
+    activations = batch * tokens * H * residual * L + batch * tokens * (16 * H + 3 * shape["intermediate"]) * 2
+    activations += batch * completion * shape["vocab"] * (2 + 2)  # bf16 logits and their gradient
+    if plan.get("vllm_share"):
+        parts["vLLM (its reserved share)"] = plan["vllm_share"] * plan["gpu"]
+        parts["training activations"] = activations
+    else:
+        parts["KV cache or training activations, the larger"] = max(kv, activations)
+    return parts
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.0f} GiB" if nbytes >= 10 * 2**30 else f"{nbytes / 2**30:,.1f} GiB"
+
+
+def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256) -> dict:
+    """The plan of this run, as `memory_estimate` takes it."""
+    zero = zero_stage()
+    mode = "qlora" if model_args.use_peft and model_args.load_in_4bit else "lora" if model_args.use_peft else "full"
+    colocate = training_args.use_vllm and training_args.vllm_mode == "colocate"
+    steps = training_args.steps_per_generation or training_args.gradient_accumulation_steps
+    return dict(
+        mode=mode, zero=zero, processes=world_size() if zero else 1, lora_r=model_args.lora_r,
+        half_weights=model_args.dtype in ("bfloat16", "float16"),
+        optim_8bit="8bit" in str(training_args.optim), batch=training_args.per_device_train_batch_size,
+        generation_batch=training_args.per_device_train_batch_size * steps,
+        prompt=prompt_tokens, completion=training_args.max_completion_length,
+        vllm_share=(training_args.vllm_gpu_memory_utilization or 0.3) if colocate else 0.0, gpu=gpu,
+    )  # fmt: skip
+
+
+def alternatives(shape: dict, plan: dict) -> list[tuple[str, float]]:
+    """Other ways to run `plan` that fit its GPU, each with its estimate (bytes)."""
+    gpus = plan["processes"] if plan.get("processes", 1) > 1 else 8  # a single process: an 8-GPU box
+    options = [
+        ("LoRA (--use_peft)", {"mode": "lora", "zero": None, "vllm_share": 0.0}),
+        ("QLoRA (--use_peft --load_in_4bit)", {"mode": "qlora", "zero": None, "vllm_share": 0.0}),
+        (f"ZeRO-2 over {gpus} GPUs (accelerate launch --config_file configs/zero2.yaml)",
+         {"zero": "2", "processes": gpus}),
+        (f"ZeRO-3 over {gpus} GPUs (accelerate launch --config_file configs/zero3.yaml)",
+         {"zero": "3", "processes": gpus}),
+        (f"an 8-bit optimizer (--optim {EIGHT_BIT})", {"optim_8bit": True}),
+        (f"shorter completions (--max_completion_length {plan['completion'] // 2})",
+         {"completion": plan["completion"] // 2}),
+        (f"half the micro-batch (--per_device_train_batch_size {max(1, plan['batch'] // 2)}, and twice the "
+         "--gradient_accumulation_steps for the same batch)", {"batch": max(1, plan["batch"] // 2)}),
+    ]  # fmt: skip
+    found = []
+    for label, change in options:
+        changed = {**plan, **change}
+        if changed == plan:
+            continue
+        total = sum(memory_estimate(shape, changed).values())
+        if total <= plan["gpu"]:
+            found.append((label, total))
+    return found
+
+
+def gpu_memory() -> float:
+    import torch
+
+    return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int = 256) -> None:
+    """Stop in the first seconds, with the options that fit, a run whose estimated peak memory exceeds its GPU."""
+    if training_args.use_cpu or not cuda_available():
+        return
+    shape, gpu = model_shape(config, skeleton), gpu_memory()
+    plan = memory_plan(model_args, training_args, gpu, prompt_tokens)
+    parts = memory_estimate(shape, plan)
+    total = sum(parts.values())
+    logger.info("Memory plan: ~%s of the GPU's %s (%s)", _gib(total), _gib(gpu), _parts(parts))
+    if total <= gpu:
+        return
+    options = alternatives(shape, plan)
+    listed = "; ".join(f"{label}: ~{_gib(need)}" for label, need in options) or "none of LoRA, QLoRA, ZeRO-2/3 fits"
+    raise RecipeError(
+        f"{model_args.model_name_or_path} ({shape['parameters'] / 1e9:.2f} B parameters) would need ~{_gib(total)} "
+        f"per GPU here ({_parts(parts)}), and the GPU has {_gib(gpu)}: it would run out of memory. What fits, "
+        f"estimated: {listed}. (The estimate is docs/memory.md's.)"
+    )
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {_gib(size)}" for name, size in parts.items())

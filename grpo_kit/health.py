@@ -400,7 +400,8 @@ class HealthCallback(EarlyStop):
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a sharded (FSDP) gradient
         device = grads[0].device if grads else self.trainer.accelerator.device
         # [finite, seen]: reduced with MIN, then MAX of "seen" is read as "some process saw gradients"
-        finite = torch.stack([g.sum(dtype=torch.float32) for g in grads]).sum().isfinite() if grads else True
+        sums = [g.sum(dtype=torch.float32).to(device) for g in grads]  # a model spread over GPUs sums on each
+        finite = torch.stack(sums).sum().isfinite() if grads else True
         flags = torch.tensor([float(finite), -float(bool(grads))], device=device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)

@@ -1,0 +1,284 @@
+"""The CUDA path's traps, proven on the CPU: one GPU for one process, a LoRA base that vLLM's weight syncs keep bit for
+bit, a memory plan before loading, rollouts cast once, one input-gradient hook, a bf16 KL reference."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT, resolved
+
+import grpo_demo
+from grpo_kit import RecipeError, checks, models
+
+
+# ---------------------------------------------- One GPU for a single process -----------------------------------------
+def test_one_process_on_an_eight_gpu_box_loads_whole_on_one_gpu_and_says_how_to_use_all(
+    monkeypatch, tmp_path, tiny_dir, caplog
+):
+    from trl import GRPOConfig
+    from trl.trainer import utils as trl_utils
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    assert args.device.type == "cpu"  # the device set up here; from now on the machine pretends to have 8 GPUs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    args.use_cpu, args._n_gpu = False, 8  # transformers counts every visible GPU for a single process
+    model_args = SimpleNamespace(dtype="float32", attn_implementation="sdpa", model_revision=None)
+    with caplog.at_level("WARNING", logger="grpo_demo"):
+        kwargs = models.init_kwargs(model_args, args)
+    assert kwargs["device_map"] == {"": 0}
+    assert args.n_gpu == 1  # no nn.DataParallel (which GRPOTrainer refuses)
+    said = [r.getMessage() for r in caplog.records if "GPUs visible" in r.getMessage()]
+    assert len(said) == 1 and "accelerate launch --config_file configs/ddp.yaml --num_processes 8" in said[0]
+
+    # TRL's placement: create_model_from_path sets device_map="auto" (every GPU) unless it is given one
+    loaded = {}
+    from transformers import Qwen2ForCausalLM
+
+    monkeypatch.setattr(Qwen2ForCausalLM, "from_pretrained", classmethod(lambda cls, path, **kw: loaded.update(kw)))
+    monkeypatch.setattr(trl_utils, "PartialState", lambda: SimpleNamespace(device=torch.device("cuda", 0)))
+    trl_utils.create_model_from_path(str(tiny_dir), **kwargs)
+    assert loaded["device_map"] == {"": 0}
+    trl_utils.create_model_from_path(str(tiny_dir), **models.init_kwargs(model_args))  # without the recipe's choice
+    assert loaded["device_map"] == "auto"
+
+
+def test_under_a_launcher_or_on_the_cpu_the_trainer_places_the_model(monkeypatch, tmp_path):
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    model_args = SimpleNamespace(dtype="float32", attn_implementation="sdpa", model_revision=None)
+    assert "device_map" not in models.init_kwargs(model_args, args)  # the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    args.use_cpu = False
+    assert "device_map" not in models.init_kwargs(model_args, args)  # accelerate launch: TRL sets None, DDP places
+
+
+# ---------------------------------------------- LoRA + vLLM: the base stays ------------------------------------------
+def lora_model(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    _, model = tiny
+    torch.manual_seed(0)
+    base = type(model)(model.config).to(torch.bfloat16)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=targets))
+    return peft_model
+
+
+def vllm_syncs(model, cycles: int) -> dict:
+    """`cycles` weight syncs as TRL's colocate mode makes them (VLLMGeneration._iter_named_params: merge, read,
+    unmerge), the adapter trained a little between two; the last merged weights vLLM was handed."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    gather = SimpleNamespace(gather_params=lambda params: nullcontext(), is_fsdp=False)
+    sync = SimpleNamespace(model=model, _dist=gather, _fix_param_name_to_vllm=lambda name, extra_prefixes=None: name)
+    adapters = [p for name, p in model.named_parameters() if "lora_B" in name]
+    handed = {}
+    for _ in range(cycles):
+        with torch.no_grad():
+            for p in adapters:
+                p.add_(torch.randn_like(p) * 0.01)  # a training step's change of the adapter
+        handed = {name: p.clone() for name, p in VLLMGeneration._iter_named_params(sync)}
+    return handed
+
+
+def base_weights(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" not in name}
+
+
+def test_lora_base_is_bit_exact_after_many_vllm_syncs_and_vllm_gets_the_merged_weights(tiny):
+    drifting = lora_model(tiny)
+    start = base_weights(drifting)
+    vllm_syncs(drifting, 50)
+    changed = sum(int((start[n] != p).sum()) for n, p in base_weights(drifting).items())
+    assert changed > 0  # TRL's in-place bf16 merge and unmerge alone: the frozen base drifts
+
+    kept = lora_model(tiny)
+    start = base_weights(kept)
+    assert models.keep_base_exact(kept) == 7 * 2  # 7 projections, 2 layers
+    handed = vllm_syncs(kept, 50)
+    end = base_weights(kept)
+    assert all(torch.equal(start[name], end[name]) for name in start)  # bit for bit
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(handed[q], start["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    layer = kept.base_model.model.model.layers[0].self_attn.q_proj
+    merged = start[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"].float() + layer.get_delta_weight(
+        "default"
+    )
+    torch.testing.assert_close(handed[q].float(), merged, atol=1e-2, rtol=0)  # w + BA, in bf16
+
+
+def test_the_lora_vllm_preset_is_guarded():
+    import yaml
+
+    preset = yaml.safe_load((ROOT / "configs" / "qwen_lora_vllm.yaml").read_text())
+    assert preset["use_peft"] and preset["use_vllm"]
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(use_vllm=True, bf16=False, fp16=False), is_deepspeed_enabled=False, ref_model=None
+    )
+    guarded = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(models, "keep_base_exact", lambda model: guarded.append(model) or 1)
+        trainer.model = torch.nn.Linear(2, 2)
+        models.prepare_trained_model(trainer)
+    assert guarded == [trainer.model]  # the recipe guards every vLLM run's model (a no-op without adapters)
+
+
+# ---------------------------------------------- The memory plan ----------------------------------------------------
+def skeleton(kind: str, **dims):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(kind, **dims)
+    with torch.device("meta"):
+        return config, AutoModelForCausalLM.from_config(config)
+
+
+LLAMA_8B = dict(
+    hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+    vocab_size=128256, tie_word_embeddings=False,
+)  # fmt: skip
+QWEN_1_5B = dict(
+    hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+    vocab_size=151936, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def test_an_8b_full_fine_tune_on_one_141_gb_gpu_is_refused_with_what_fits(fake_cuda, monkeypatch):
+    monkeypatch.setattr(checks, "gpu_memory", lambda: 141e9)
+    v = resolved([])
+    config, model = skeleton("llama", **LLAMA_8B)
+    with pytest.raises(RecipeError) as refused:
+        checks.memory_fits(config, model, v, v)
+    said = str(refused.value)
+    assert "8.03 B parameters" in said and "would need ~152 GiB" in said and "the GPU has 131 GiB" in said
+    options = ["LoRA (--use_peft): ~", "QLoRA (--use_peft --load_in_4bit): ~", "ZeRO-2 over 8 GPUs", "ZeRO-3 over 8"]
+    for option in [*options, "an 8-bit optimizer (--optim paged_adamw_8bit): ~107 GiB"]:
+        assert option in said, option
+    assert "shorter completions" not in said  # 786 tokens or 393: the weights, gradients and moments alone overflow
+
+
+def test_the_recipes_1_5b_full_fine_tune_fits(fake_cuda, monkeypatch, caplog):
+    monkeypatch.setattr(checks, "gpu_memory", lambda: 141e9)
+    v = resolved([])
+    config, model = skeleton("qwen2", **QWEN_1_5B)
+    with caplog.at_level("INFO", logger="grpo_demo"):
+        checks.memory_fits(config, model, v, v)
+    assert "Memory plan: ~37 GiB of the GPU's 131 GiB" in caplog.text
+
+
+def test_the_plan_is_checked_before_the_weights_load(fake_cuda, monkeypatch, tmp_path):
+    monkeypatch.setattr(checks, "gpu_memory", lambda: 24e9)  # a 24 GB GPU
+    config, _ = skeleton("qwen2", **QWEN_1_5B)
+    config.save_pretrained(tmp_path / "model")
+    v = resolved(["--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(RecipeError, match="would need ~37 GiB.*LoRA \\(--use_peft\\): ~13 GiB"):
+        checks.model_and_disk(v, v)
+
+
+def test_the_memory_table_is_the_estimators():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "benchmarks" / "memory_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert (ROOT / "docs" / "memory.md").read_text(encoding="utf-8") == table.table()
+
+
+# ---------------------------------------------- Rollouts, hooks, the reference -------------------------------------
+def trainer_for(tiny_dir, gsm8k_dir, tmp_path, extra: list[str], steps: int = 1):
+    from trl import GRPOTrainer, get_peft_config
+
+    argv = [
+        "--model_name_or_path", str(tiny_dir), "--dataset", str(gsm8k_dir), "--output_dir", str(tmp_path),
+        "--use_cpu", "true", "--bf16", "true", "--report_to", "none", "--max_steps", str(steps),
+        "--save_strategy", "no", "--log_completions", "false", "--num_generations", "2",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--max_completion_length", "6",
+        "--lora_r", "2", *extra,
+    ]  # fmt: skip
+    run, args, model_args = grpo_demo.parse_settings(argv)
+    model_args.dtype = model_args.dtype or "float32"
+    args.model_init_kwargs = models.init_kwargs(model_args, args)
+    trainer = GRPOTrainer(
+        model=str(tiny_dir),
+        processing_class=models.load_tokenizer(model_args, args),
+        reward_funcs=[lambda completions, **kw: [float(len(c[0]["content"])) for c in completions]],
+        args=args,
+        train_dataset=grpo_demo.get_gsm8k_questions("train", str(gsm8k_dir)),
+        peft_config=get_peft_config(model_args),
+    )
+    models.prepare_trained_model(trainer)
+    return trainer
+
+
+def weight_casts(model, run) -> int:
+    """How many times a weight was cast while `run()` ran (aten._to_copy of a tensor shaped like a q_proj weight)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shape = tuple(next(m for n, m in model.named_modules() if n.endswith("q_proj")).weight.shape)
+
+    class Count(TorchDispatchMode):
+        casts = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == shape:
+                Count.casts += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        run()
+    return Count.casts
+
+
+def test_a_rollout_casts_each_weight_once_and_a_fp32_lora_model_computes_in_bf16(tiny_dir, gsm8k_dir, tmp_path):
+    trainer = trainer_for(tiny_dir, gsm8k_dir, tmp_path, [])
+    model, ids = trainer.model, torch.tensor([[5, 6, 7, 8]])
+    shape = next(m for n, m in model.named_modules() if n.endswith("q_proj")).weight.shape
+    weights = sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape == shape)
+    greedy = dict(do_sample=False, min_new_tokens=12, max_new_tokens=12)
+    assert weight_casts(model, lambda: model.generate(ids, **greedy)) == weights  # once per generation, not per token
+    cache = model.generate(ids, **greedy, return_dict_in_generate=True).past_key_values
+    assert {(layer.keys.dtype, layer.values.dtype) for layer in cache.layers} == {(torch.bfloat16, torch.bfloat16)}
+
+    lora = trainer_for(tiny_dir, gsm8k_dir, tmp_path / "lora", ["--use_peft", "--dtype", "float32"])
+    seen = []
+    q_proj = next(m for n, m in lora.model.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
+    q_proj.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    lora.model.generate(ids, **greedy)
+    assert set(seen) == {torch.bfloat16}  # PeftModel.generate skips the wrapped forward: fp32 before, flash refused
+
+
+def test_twenty_steps_leave_the_embedding_with_the_hooks_it_had_after_one(tiny_dir, gsm8k_dir, tmp_path):
+    from transformers import TrainerCallback
+
+    trainer = trainer_for(tiny_dir, gsm8k_dir, tmp_path, ["--activation_checkpointing", "true"], steps=20)
+    embedding, counts = trainer.model.get_input_embeddings(), {}
+
+    class Hooks(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            counts[state.global_step] = len(embedding._forward_hooks)
+
+    trainer.add_callback(Hooks())
+    trainer.train()
+    assert counts[20] == counts[1] >= 1, counts
+
+
+def test_the_kl_reference_computes_in_bf16_and_deepspeed_loads_bf16(fake_cuda, monkeypatch):
+    ref = torch.nn.Linear(4, 4)
+    trainer = SimpleNamespace(ref_model=ref, is_deepspeed_enabled=False, args=SimpleNamespace(bf16=True))
+    assert models.reference_in_bf16(trainer) and ref.weight.dtype == torch.bfloat16
+    v = resolved([])
+    assert grpo_demo.weights_dtype(v, v) == "float32"
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert grpo_demo.weights_dtype(v, v) == "bfloat16"  # DeepSpeed keeps fp32 master weights of its own
+
+
+def test_docs_name_the_memory_table():
+    assert "memory_table.py" in Path(ROOT / "docs" / "memory.md").read_text()
