@@ -207,12 +207,15 @@ class AccuracyCallback(TrainerCallback):
         )
         folder = reports.eval_dir(args.output_dir, name)
         with unwrapped as model:
+            training = model.training
             lm = HFLM(pretrained=model, tokenizer=trainer.processing_class, batch_size=self.harness["batch_size"])
-            saved = harness.model_args(args.output_dir if model_name == args.output_dir else model_name)
+            # The folder lm-eval's command line reads: an adapter's on its base model, as `peft=`
+            adapter = hasattr(model, "peft_config") and model_name != self.start_model
+            saved = {"pretrained": self.start_model, "peft": model_name} if adapter else {"pretrained": model_name}
             result = harness.evaluate(
-                lm, trainer.processing_class, protocol, self.dataset, folder, self.harness,
-                model_name=model_name, saved_as=saved,
-            )  # fmt: skip
+                lm, protocol, self.dataset, folder, self.harness, model_name=model_name, saved_as=saved
+            )
+            model.train(training)  # HFLM put it in eval mode
         gc.collect()
         torch.cuda.empty_cache()
         return result
@@ -424,12 +427,9 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool) ->
     terms["protocol_details"] = harness.protocol_details(protocol, run.dataset, settings)
     terms["questions_sha256"] = (reports.read_summary(output_dir, plain) or {}).get("questions_sha256")
     name = reports.free_name(output_dir, plain, terms)
-    tokenizer = models.load_tokenizer(model_args, training_args)
     folder = reports.eval_dir(output_dir, name)
-    summary, records = harness.evaluate(
-        (settings.get("backend", "hf"), spec), tokenizer, protocol, run.dataset, folder, settings,
-        model_name=path, saved_as=spec,
-    )  # fmt: skip
+    lm = (settings.get("backend", "hf"), spec)
+    summary, records = harness.evaluate(lm, protocol, run.dataset, folder, settings, model_name=path, saved_as=spec)
     summary |= {"split": "test"} | ({"start_model": reports.start_model_of(path)} if trained else {})
     if PartialState().is_main_process:
         write_report(output_dir, name, summary, records)

@@ -19,7 +19,7 @@ TASK_FILES = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k-cot.yaml"}  # in lm_eva
 CHAT = "-chat"  # a protocol name's ending: the chat template, the shots as earlier turns
 PROTOCOLS = tuple(f"{task}{chat}" for task in TASK_FILES for chat in ("", CHAT))
 FILTERS = {"strict": "strict-match", "lenient": "flexible-extract"}  # the tasks' two readings of an answer
-TASK_FILE, SAMPLES_FILE = "lm_eval_task.yaml", "lm_eval_samples.jsonl"
+TASK_FILE, RESULTS_FILE, SAMPLES_FILE = "lm_eval_task.yaml", "lm_eval_results.json", "lm_eval_samples.jsonl"
 SEEDS = ("random", "numpy", "torch", "fewshot")  # lm-eval's four seeds, as its results name them
 
 
@@ -120,7 +120,7 @@ def protocol_details(protocol: Harness, dataset_dir, settings: dict) -> dict:
     }
 
 
-def evaluate(lm, tokenizer, protocol: Harness, dataset_dir, folder: Path, settings: dict, *, model_name, saved_as):
+def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *, model_name, saved_as):
     """`protocol` by lm-eval on `lm` (an `HFLM` of the trainer's model, or ("hf" or "vllm", model_args)) with
     `settings` (`run_settings`), its task file and samples written to `folder`. Returns (summary, records) as
     `evaluation.evaluate` does: the recipe's fields with the answers and verdicts of lm-eval's filters and metric,
@@ -129,6 +129,7 @@ def evaluate(lm, tokenizer, protocol: Harness, dataset_dir, folder: Path, settin
     import time
 
     from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
     from grpo_kit.evaluation import questions_fingerprint
@@ -139,6 +140,7 @@ def evaluate(lm, tokenizer, protocol: Harness, dataset_dir, folder: Path, settin
     task_file = folder / TASK_FILE
     task_file.write_text(_yaml(config), encoding="utf-8")
     model, model_args = lm if isinstance(lm, tuple) else (lm, None)
+    tracker = EvaluationTracker(output_path=str(folder / "results.json"))  # a .json path: its files beside it
     started = time.perf_counter()
     results = simple_evaluate(
         model=model,
@@ -149,16 +151,23 @@ def evaluate(lm, tokenizer, protocol: Harness, dataset_dir, folder: Path, settin
         device=settings["device"],
         gen_kwargs={"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] is not None else None,
         log_samples=True,
+        evaluation_tracker=tracker,
         task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
         **protocol.options,
     )
     seconds = time.perf_counter() - started
-    samples = results["samples"][protocol.task]
-    with open(folder / SAMPLES_FILE, "w", encoding="utf-8") as out:
-        for sample in samples:
-            out.write(json.dumps(sample, ensure_ascii=False, default=str) + "\n")
+    # lm-eval's own files, written as `lm_eval --log_samples` writes them (its results, then each task's samples)
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    tracker.save_results_samples(task_name=protocol.task, samples=samples[protocol.task])
+    for pattern, file in (("results_*.json", RESULTS_FILE), (f"samples_{protocol.task}_*.jsonl", SAMPLES_FILE)):
+        written = sorted(folder.glob(pattern))
+        if not written:
+            raise RuntimeError(f"lm-eval wrote no {pattern} in {folder} (its log says why)")
+        written[-1].replace(folder / file)
+    samples = samples[protocol.task]
     max_gen_toks = results["configs"][protocol.task]["generation_kwargs"].get("max_gen_toks", 256)
-    records = to_records(samples, tokenizer, max_gen_toks)
+    records = to_records(samples)
     details = protocol_details(protocol, dataset_dir, settings)
     ran = {"task_version": results["versions"][protocol.task], "num_fewshot": results["n-shot"][protocol.task]}
     ran["seeds"] = {k: results["config"][f"{k}_seed"] for k in SEEDS}
@@ -184,9 +193,10 @@ def evaluate(lm, tokenizer, protocol: Harness, dataset_dir, folder: Path, settin
     return summary, records
 
 
-def to_records(samples: list[dict], tokenizer, max_gen_toks: int) -> list[dict]:
+def to_records(samples: list[dict]) -> list[dict]:
     """lm-eval's samples (one per question and filter) as the recipe's records: the completion, each filter's answer
-    (None for lm-eval's `[invalid]`) and its exact_match verdict, the completion's length."""
+    (None for lm-eval's `[invalid]`) and its exact_match verdict. lm-eval keeps no token count: the completion's
+    length and truncation are unknown (None); `max_gen_toks` bounds them."""
     by_doc: dict[int, dict] = {}
     for sample in samples:
         record = by_doc.setdefault(sample["doc_id"], {"doc": sample["doc"], "completion": sample["resps"][0][0]})
@@ -194,15 +204,13 @@ def to_records(samples: list[dict], tokenizer, max_gen_toks: int) -> list[dict]:
     records = []
     for doc_id in sorted(by_doc):
         record, doc = by_doc[doc_id], by_doc[doc_id]["doc"]
-        tokens = len(tokenizer(record["completion"], add_special_tokens=False)["input_ids"])
         out = {"question": doc["question"], "gold": doc["answer"].split("####")[-1].strip()}
         out["completion"] = record["completion"]
         for verdict, name in FILTERS.items():
             answer, correct = record[name]
             out[f"answer_{verdict}"] = None if answer == "[invalid]" else answer
             out[f"correct_{verdict}"] = bool(correct)
-        out |= {"format_strict": None, "format_soft": None, "completion_tokens": tokens}
-        out["truncated"] = tokens >= max_gen_toks
+        out |= {"format_strict": None, "format_soft": None, "completion_tokens": None, "truncated": None}
         records.append(out)
     return records
 

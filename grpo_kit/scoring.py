@@ -96,7 +96,7 @@ def summarize(records: list[dict]) -> dict:
         "format_rate": rate("format_strict"),
         "soft_format_rate": rate("format_soft"),
         "mean_completion_tokens": rate("completion_tokens"),
-        "truncated": sum(r["truncated"] for r in records),
+        "truncated": None if any(r["truncated"] is None for r in records) else sum(r["truncated"] for r in records),
     }
 
 
