@@ -177,7 +177,7 @@ def chat_prompt(question: str, tags: Tags = TAGS) -> list[dict]:
 
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False, tags: Tags = TAGS):
     """GSM8K as system+user chat prompts (in `tags`) with canonical gold answers: columns `question`, `prompt`,
-    `answer`, and `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
+    `answer`, and `solution` (GSM8K's worked solution).
 
     Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
     a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
