@@ -157,3 +157,53 @@ def test_lm_eval_tasks_under_several_processes_are_refused_with_the_command_that
         "measure after training, with python grpo_demo.py --eval_only --model_name_or_path outputs/smoke-GRPO "
         "--eval_protocols gsm8k gsm8k_cot-chat --dataset outputs/smoke-assets/gsm8k-generated"
     ) in message
+
+
+# Decorated answers, as chat models write them: lm-eval's verdicts (strict-match, flexible-extract), which the
+# gsm8k protocols report as they are. Each: (completion, gold, strict, flexible), a comment saying why.
+DECORATED = [
+    ("She pays 18 dollars.\n#### 18", "18", True, True),  # the clean form: both
+    ("####18", "18", False, True),  # strict-match needs the space after ####
+    ("#### $18", "18", False, True),  # ... and no currency sign there; flexible reads $18, the $ is ignored
+    ("#### **18**", "18", False, True),  # bold: not strict
+    ("#### 18.00", "18", False, False),  # 18.00 is not 18 to exact_match
+    ("It costs $1,080.00.", "1080", False, False),  # only the final period goes: 1080.00 is not 1080
+    ("#### 8 (5 + 3)", "8", True, False),  # strict takes the first number after ####; flexible the last, 3
+    ("#### 1,08", "108", True, True),  # commas are dropped: 108
+    ("#### \u22125", "-5", False, False),  # U+2212: lm-eval's regexes are ASCII (the recipe's protocols read -5)
+    ("#### -5", "-5", True, True),  # the ASCII minus
+]
+
+
+def test_decorated_answers_get_lm_evals_own_verdicts(tmp_path):
+    """A stand-in model answers each question with one decorated completion; the recipe's records carry the verdicts
+    lm-eval's filters and metric gave, and its accuracy is lm-eval's."""
+    from lm_eval.api.model import LM
+
+    rows = [
+        {"question": f"Question number {i}?", "answer": f"Work.\n#### {gold}"}
+        for i, (_, gold, *_) in enumerate(DECORATED)
+    ]
+    answers = {row["question"]: completion for row, (completion, *_) in zip(rows, DECORATED, strict=True)}
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    class Decorated(LM):
+        def generate_until(self, requests):
+            return [answers[request.doc["question"]] for request in requests]
+
+        def loglikelihood(self, requests):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests):
+            raise NotImplementedError
+
+    settings = {"batch_size": 1, "limit": None, "max_gen_toks": None, "device": "cpu"}
+    summary, records = harness.evaluate(
+        Decorated(), harness.Harness("gsm8k"), tmp_path, tmp_path / "eval", settings, model_name="m",
+        saved_as={"pretrained": "m"},
+    )  # fmt: skip
+    verdicts = [(r["completion"], r["gold"], r["correct_strict"], r["correct_lenient"]) for r in records]
+    assert verdicts == DECORATED
+    assert summary["accuracy_strict"] == summary["lm_eval_results"]["strict"] == 4 / len(DECORATED)
+    assert summary["accuracy_lenient"] == summary["lm_eval_results"]["lenient"] == 6 / len(DECORATED)
