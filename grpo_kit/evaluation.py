@@ -419,6 +419,7 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool) ->
     spec = harness.model_args(path, model_args, training_args)
     if training_args.use_vllm:
         settings["backend"] = "vllm"
+        spec |= {"lora_local_path": spec.pop("peft")} if "peft" in spec else {}  # lm-eval's vllm name for an adapter
         spec |= {"gpu_memory_utilization": training_args.vllm_gpu_memory_utilization}
         spec |= {"max_model_len": training_args.vllm_max_model_length} if training_args.vllm_max_model_length else {}
     # What the summary will say of it (the questions: the data set and limit its details name), as evaluate_only's:
