@@ -177,7 +177,7 @@ def chat_prompt(question: str, tags: Tags = TAGS) -> list[dict]:
 
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False, tags: Tags = TAGS):
     """GSM8K as system+user chat prompts (in `tags`) with canonical gold answers: columns `question`, `prompt`,
-    `answer`, and `solution` (GSM8K's worked solution, which k-shot evaluation shows as examples).
+    `answer`, and `solution` (GSM8K's worked solution).
 
     Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
     a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
@@ -368,14 +368,14 @@ def main(argv: list[str] | None = None) -> None:
     # the train rows held out for validation, never trained on); over-long prompts dropped
     load = partial(get_gsm8k_questions, dataset_dir=run.dataset, strict=run.strict_data, tags=tags)
     train, measured = data.splits(run, load)
-    if run.eval_only:  # k-shot evaluation shows worked solutions from the train split
-        return evaluation.evaluate_only(measured, train, run, training_args, model_args, fmt)
+    if run.eval_only:
+        return evaluation.evaluate_only(measured, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
-    examples, train = train, drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
+    train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it
     online.configure_wandb(training_args)
-    checks.before_the_weights(train, run, model_args, training_args, examples)  # data, LoRA targets, disk
+    checks.before_the_weights(train, run, model_args, training_args)  # data, LoRA targets, disk
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)  # one GPU per process
     trainer = GRPOTrainer(
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     models.prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
-    accuracy = evaluation.callback(trainer, measured, run, fmt, examples)  # before, during and after training
+    accuracy = evaluation.callback(trainer, measured, run, fmt)  # before, during and after training
     trainer.add_callback(accuracy)
     watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen
     runs.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)

@@ -5,11 +5,11 @@
 
 On CPU, one thread, side by side in one process: a tiny random Qwen2 (hidden 128, 4 layers) with a tokenizer trained
 on GSM8K's train text, the first `--questions` test questions in the recipe protocol (system prompt + question) and
-the k-shot protocol (8 worked train solutions before the question: long prompts, where a shared prefill matters
-most). Both ways are `grpo_kit.generation.generate_samples`: of each prompt with n samples (one prefill), and of
-each prompt copied n times with one sample each (n prefills), in the same batches and from the same seed, so they
-draw the same tokens and the ratio is the prefill's share; the script checks that they do, and that at a
-temperature near 0 both write the greedy completions (`generate_greedy`).
+8-shot prompts (the first 8 worked train solutions as earlier turns before the question: long prompts, where a
+shared prefill matters most). Both ways are `grpo_kit.generation.generate_samples`: of each prompt with n samples
+(one prefill), and of each prompt copied n times with one sample each (n prefills), in the same batches and from
+the same seed, so they draw the same tokens and the ratio is the prefill's share; the script checks that they do,
+and that at a temperature near 0 both write the greedy completions (`generate_greedy`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ def separately(model, tokenizer, prompts, samples, temperature, max_new_tokens, 
     return shared(model, tokenizer, copies, 1, temperature, max_new_tokens, max(1, batch_size // samples) * samples)
 
 
+def user_and_assistant(question: str, answer: str) -> list[dict]:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
 def main() -> None:
     import torch
 
@@ -59,12 +63,13 @@ def main() -> None:
     corpus = [f"{row['question']}\n{row['solution']}" for row in train.select(range(2000))]
     tokenizer = smoke.build_tokenizer(smoke.corpus(fmt, []) + corpus, fmt.tags, vocab_size=2000)
     model = smoke.build_tiny_model(tokenizer, hidden_size=128, num_layers=4).eval()
-    test_questions = {row["question"] for row in test}
+    shots = [m for row in train.select(range(8)) for m in user_and_assistant(row["question"], row["solution"])]
+    recipe = scoring.build_protocol("recipe", fmt).prompt
+    ways = {"recipe": recipe, "8-shot": lambda question: [*shots, {"role": "user", "content": question}]}
 
     results = []
-    for name in ("recipe", "kshot"):
-        protocol = scoring.build_protocol(name, fmt, train_rows=train, test_questions=test_questions, seed=1234)
-        prompts = [protocol.prompt(row["question"]) for row in test]
+    for name, prompt in ways.items():
+        prompts = [prompt(row["question"]) for row in test]
         lengths = [len(ids) for ids in generation.prompt_ids(tokenizer, prompts)]
         greedy = generation.generate_greedy(model, tokenizer, prompts, 8, args.batch_size, progress=False)
         cold = shared(model, tokenizer, prompts, 2, 1e-6, 8, args.batch_size)  # temperature ~0: greedy, twice

@@ -7,7 +7,8 @@ what it needs of it (the answer format, the rewards, the defaults) is passed in.
 - `data`: GSM8K-format splits, and which a run reads; `answer_format`, `numbers`: the recipe's format, exact numbers.
 - `models`: this machine's GPUs and packages, the tokenizer, attention, loading; `generation`: completions.
 - `evaluation`: GSM8K accuracy before, during and after training, `--eval_only` and `--ask`; `scoring`: how an
-  answer is read and counted (protocols, intervals, pass@k); `reports`: evaluations on disk and their tables.
+  answer is read and counted (protocols, intervals, pass@k); `harness`: lm-evaluation-harness's own gsm8k tasks,
+  run by lm-eval; `reports`: evaluations on disk and their tables.
 - `runs`: a run's life in its folder (lock, record, checkpoints, resume); `stopping`: stopping early on a signal;
   `health`: the training-health watcher; `plots`: curves.png; `online`: the Hub and wandb, reachable or not.
 - `merge`: a LoRA adapter merged into its base (`python -m grpo_kit.merge`); `search`: the reward-weight search, an

@@ -309,6 +309,16 @@ def evaluation_processes(v: dict) -> Iterator[str]:
             "ask answers one question in one process: start it with python, not accelerate launch "
             "(under ZeRO-3 a model loaded by one process alone would wait for the others forever)"
         )
+    elif (world_size() > 1 or zero_stage() == "3") and (tasks := lm_eval_tasks(v)):
+        after = "" if v["eval_only"] else "after training, "
+        data = f" --dataset {v['dataset']}" if v.get("dataset") else ""
+        yield (
+            f"eval_protocols {' '.join(tasks)}: lm-eval runs its tasks on one whole model in one process, and this "
+            f"launch has {world_size()} processes{' under ZeRO-3' if zero_stage() == '3' else ''}: measure "
+            f"{after}with python grpo_demo.py --eval_only --model_name_or_path {v['output_dir']} --eval_protocols "
+            f"{' '.join(tasks)}{data} (python, not accelerate "
+            "launch), or leave them out of this launch"
+        )
     elif world_size() > 1 and v["eval_only"]:
         if v["use_vllm"]:
             yield (
@@ -322,15 +332,28 @@ def evaluation_processes(v: dict) -> Iterator[str]:
             )
 
 
-def measuring(v: dict) -> Iterator[str]:
-    """How the run is measured: the evaluation's protocols, shots, samples and temperature; the health checks."""
-    from grpo_kit.health import CHECKS
-    from grpo_kit.scoring import PROTOCOLS
+def lm_eval_tasks(v: dict) -> list[str]:
+    """The protocols of `eval_protocols` that lm-eval runs (grpo_kit/harness.py)."""
+    from grpo_kit.harness import PROTOCOLS
 
-    if unknown := [name for name in v.get("eval_protocols") or [] if name not in PROTOCOLS]:
-        yield f"eval_protocols: {', '.join(unknown)}: no such protocol (the protocols: {', '.join(PROTOCOLS)})"
-    if not 1 <= v["eval_shots"] <= 32:
-        yield f"eval_shots={v['eval_shots']}: the kshot protocol shows 1 to 32 worked examples (lm-eval: 5, 8)"
+    return [name for name in v.get("eval_protocols") or [] if name in PROTOCOLS]
+
+
+def measuring(v: dict) -> Iterator[str]:
+    """How the run is measured: the evaluation's protocols, samples and temperature; the health checks."""
+    from grpo_kit import harness, scoring
+    from grpo_kit.health import CHECKS
+
+    known = (*scoring.PROTOCOLS, *harness.PROTOCOLS)
+    if unknown := [name for name in v.get("eval_protocols") or [] if name not in known]:
+        yield f"eval_protocols: {', '.join(unknown)}: no such protocol (the protocols: {', '.join(known)})"
+    if (tasks := lm_eval_tasks(v)) and v["eval_split"] == "validation":
+        yield (
+            f"eval_protocols {' '.join(tasks)}: lm-eval's tasks measure GSM8K's test split, and eval_split is "
+            "validation: measure the validation rows in recipe or chat, or the test split with --eval_split test"
+        )
+    if v.get("eval_max_gen_toks") is not None and v["eval_max_gen_toks"] < 1:
+        yield f"eval_max_gen_toks={v['eval_max_gen_toks']}: lm-eval's max_gen_toks is at least 1 (default: 256)"
     if v["eval_samples"] < 0:
         yield f"eval_samples={v['eval_samples']}: 0 (greedy only) or the samples per question for pass@k"
     unmeasured = [f"eval_protocols {' '.join(p)}" for p in [v.get("eval_protocols") or []] if set(p) - {"recipe"}]
@@ -415,24 +438,11 @@ def warnings(v: dict) -> Iterator[str]:
 
 
 # ---------------------------------------------- Once the data is read, before the weights load -------------------
-def before_the_weights(train, run, model_args, training_args, examples=None) -> None:
-    """Refuse, before the weights load, a run that could not train what it says it trains (or measure what it says
-    it measures: k-shot's examples from the whole train split `examples`)."""
+def before_the_weights(train, run, model_args, training_args) -> None:
+    """Refuse, before the weights load, a run that could not train what it says it trains."""
     enough_data(train, training_args)
-    enough_examples(examples, run)
     runs.same_data(train, run, training_args)
     model_and_disk(model_args, training_args, run.max_prompt_tokens)
-
-
-def enough_examples(examples, run) -> None:
-    """k-shot evaluation shows eval_shots worked train solutions; the train split must hold them."""
-    if "kshot" not in run.eval_protocols or examples is None:
-        return
-    if (have := sum(1 for solution in examples["solution"] if solution)) < run.eval_shots:
-        raise RecipeError(
-            f"--eval_protocols kshot shows {run.eval_shots} worked train solutions, and the train split has {have}: "
-            "lower --eval_shots"
-        )
 
 
 def enough_data(train, training_args) -> None:

@@ -90,11 +90,11 @@ VALIDATION_SEED = 1234  # one draw whatever the training seed: runs and a search
 
 def splits(run, load):
     """(train rows, the rows accuracy is measured on): what a run reads (`load`, the recipe's `get_gsm8k_questions`),
-    decided here alone. Train is read to train, for k-shot examples, or to hold out `--validation_rows` (measured
+    decided here alone. Train is read to train, or to hold out `--validation_rows` (measured
     with `--eval_split validation`, so that tuning never reads the test split); test only where it is measured."""
     measures = run.eval_only or run.final_eval or run.eval_every_steps > 0
     test = load("test") if measures and run.eval_split == "test" else None
-    reads_train = not run.eval_only or "kshot" in run.eval_protocols or run.eval_split == "validation"
+    reads_train = not run.eval_only or run.eval_split == "validation"
     train, validation = hold_out(load("train") if reads_train else None, run.validation_rows)
     return train, validation if run.eval_split == "validation" else test
 

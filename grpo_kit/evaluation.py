@@ -1,5 +1,6 @@
 """GSM8K accuracy of a model, entered here alone: completions of the measured split (greedy, and sampled for
-pass@k / maj@k) scored in a protocol (`grpo_kit.scoring`), during a training run (`callback`: the trainer's own
+pass@k / maj@k) scored in a protocol (`grpo_kit.scoring`; lm-evaluation-harness's own tasks: `grpo_kit.harness`),
+during a training run (`callback`: the trainer's own
 model, no second copy), of a saved model (`evaluate_only`, `--eval_only`), and one sampled answer (`ask`).
 
 Evaluation is collective: under `accelerate launch` every process generates its share of the questions, the
@@ -20,7 +21,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
-from grpo_kit import RecipeError, generation, models, reports, runs
+from grpo_kit import RecipeError, generation, harness, models, reports, runs
 from grpo_kit.data import drop_long_prompts
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
 from grpo_kit.reports import compare, eval_name, write_report
@@ -30,7 +31,6 @@ logger = logging.getLogger("grpo_demo")
 
 # Logged during training under `eval_` names: the trainer's wandb integration shows them as `eval/accuracy_strict`...
 LOGGED_METRICS = ("accuracy_strict", "accuracy_lenient", "format_rate", "mean_completion_tokens")
-SHOTS_SEED = 1234  # the k-shot examples' draw, fixed whatever the training seed (the value lm-eval seeds its with)
 
 
 def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
@@ -103,7 +103,6 @@ def evaluate(
     summary = {
         **summarize(records),
         "protocol": protocol.name,
-        **({"protocol_details": protocol.details} if protocol.details else {}),
         **({"tags": list(answer_format.tags)} if protocol.judges_format else {}),  # the format asked for and read
         "model": model_name,
         "questions_sha256": questions_fingerprint(rows),
@@ -132,8 +131,8 @@ def warn_if_past_positions(model, tokenizer, prompts: list, max_new_tokens: int)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if (longest := too_long(tokenizer, prompts, max_new_tokens, limit)) is not None:
         logger.warning(
-            "The longest prompt (%d tokens) and %d new tokens run past the model's %d positions: lower --eval_shots "
-            "or --max_completion_length for numbers that mean something",
+            "The longest prompt (%d tokens) and %d new tokens run past the model's %d positions: lower "
+            "--max_completion_length for numbers that mean something",
             longest, max_new_tokens, limit,
         )  # fmt: skip
 
@@ -165,6 +164,8 @@ class AccuracyCallback(TrainerCallback):
         protocols=(),
         sampling=None,
         split=None,
+        dataset=None,
+        harness_settings=None,
     ):
         self.trainer, self.answer_format, self.batch_size = trainer, answer_format, batch_size
         self.before_and_after, self.every_steps = before_and_after, every_steps
@@ -173,6 +174,7 @@ class AccuracyCallback(TrainerCallback):
         self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
         self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
         self.split = split or {"split": "test"}  # the rows measured (`split_terms`)
+        self.dataset, self.harness = dataset, harness_settings  # lm-eval's data (--dataset) and settings
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
     def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
@@ -193,12 +195,40 @@ class AccuracyCallback(TrainerCallback):
         torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
         return result
 
+    def measure_harness(self, protocol, name: str, model_name: str) -> tuple[dict, list[dict]]:
+        """`protocol` by lm-eval on the trainer's model (one process, no ZeRO-3: `checks`), unwrapped as for
+        `measure`, in its own dtype as lm-eval loads the saved folder (no autocast), into `eval/<name>/`."""
+        from lm_eval.models.huggingface import HFLM
+        from trl.models import unwrap_model_for_generation
+
+        trainer, args = self.trainer, self.trainer.args
+        unwrapped = unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
+        )
+        folder = reports.eval_dir(args.output_dir, name)
+        with unwrapped as model:
+            training = model.training
+            lm = HFLM(pretrained=model, tokenizer=trainer.processing_class, batch_size=self.harness["batch_size"])
+            # The folder lm-eval's command line reads: an adapter's on its base model, as `peft=`
+            adapter = hasattr(model, "peft_config") and model_name != self.start_model
+            saved = {"pretrained": self.start_model, "peft": model_name} if adapter else {"pretrained": model_name}
+            result = harness.evaluate(
+                lm, protocol, self.dataset, folder, self.harness, model_name=model_name, saved_as=saved
+            )
+            model.train(training)  # HFLM put it in eval mode
+        gc.collect()
+        torch.cuda.empty_cache()
+        return result
+
     def report(self, base: str, model_name: str) -> list[dict]:
         """`base` (baseline, final) in every protocol; returns the records of the first (the recipe's)."""
         first = None
         for protocol in self.protocols:
             name = eval_name(base, protocol.name)
-            summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
+            if isinstance(protocol, harness.Harness):
+                summary, records = self.measure_harness(protocol, name, model_name)
+            else:
+                summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
             summary |= self.split | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
                 write_report(self.trainer.args.output_dir, name, summary, records)
@@ -281,18 +311,11 @@ class AccuracyCallback(TrainerCallback):
                 compare(args.output_dir, protocol.name)
 
 
-def protocols(run, answer_format, test_rows, train_rows, *, training: bool) -> list:
-    """The protocols `run.eval_protocols` names (a training run's always the recipe's first), built: k-shot examples
-    from the whole train split `train_rows`, never a question of the whole test split `test_rows`."""
+def protocols(run, answer_format, *, training: bool) -> list:
+    """The protocols `run.eval_protocols` names (a training run's always the recipe's first), built: the recipe's
+    own (`scoring.Protocol`) and lm-eval's tasks (`harness.Harness`)."""
     names = list(dict.fromkeys((["recipe"] if training else []) + list(run.eval_protocols)))
-    kshot = {"train_rows": train_rows, "shots": run.eval_shots, "seed": SHOTS_SEED}
-    kshot["test_questions"] = {row["question"] for row in test_rows or []}
-    try:
-        return [build_protocol(name, answer_format, **kshot) for name in names]
-    except ValueError as err:
-        raise RecipeError(
-            f"--eval_protocols kshot: {err}: lower --eval_shots, or give a train split with more (--dataset)"
-        ) from None
+    return [harness.Harness(n) if harness.is_harness(n) else build_protocol(n, answer_format) for n in names]
 
 
 def sampling(run, training_args) -> dict:
@@ -309,7 +332,7 @@ def split_terms(run) -> dict:
     return {"split": run.eval_split, **validation}
 
 
-def callback(trainer, test_rows, run, answer_format, train_rows=None) -> AccuracyCallback:
+def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
     """The accuracy measurements a training run's settings ask for (none when `test_rows` is None); rows whose
     prompt is over --max_prompt_tokens are dropped, as train rows are."""
     tokenizer, limit = trainer.processing_class, run.max_prompt_tokens
@@ -323,9 +346,11 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
         subset=run.eval_subset,
         batch_size=run.eval_batch_size,
         limit=run.eval_limit,
-        protocols=protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else (),
+        protocols=protocols(run, answer_format, training=True) if test_rows else (),
         sampling=sampling(run, trainer.args),
         split=split_terms(run),
+        dataset=run.dataset,
+        harness_settings=harness.run_settings(run),
     )
 
 
@@ -337,11 +362,12 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
     print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
 
 
-def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_format) -> list[dict]:
+def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> list[dict]:
     """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (`settings.resolve` picks the
-    folder), in each of `--eval_protocols`: `final`, `final-kshot`... of a folder a training run saved, `baseline`...
+    folder), in each of `--eval_protocols`: `final`, `final-gsm8k`... of a folder a training run saved, `baseline`...
     of a start model; then the comparison. An evaluation of that name on other terms is kept, and this one written
-    beside it (`final-2`, ...). With `--use_vllm` one vLLM engine does it all. Returns the summaries."""
+    beside it (`final-2`, ...). With `--use_vllm` one vLLM engine does the recipe's protocols, and lm-eval's vLLM
+    backend its tasks. Returns the summaries."""
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     max_new = training_args.max_completion_length
     trained = (Path(path) / "trainer_state.json").is_file()
@@ -349,10 +375,11 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     kept = drop_long_prompts(test_rows, tokenizer, run.max_prompt_tokens, run.eval_split)  # as train rows are
     rows = list(islice(kept, run.eval_limit))
     drawn = sampling(run, training_args)
-    asked = protocols(run, answer_format, test_rows, train_rows, training=False)  # before the weights
-    model = None if training_args.use_vllm else models.load_for_inference(model_args, training_args)
-    if training_args.use_vllm:
-        fits(tokenizer, asked, rows, training_args)
+    asked = protocols(run, answer_format, training=False)  # before the weights
+    ours = [p for p in asked if not isinstance(p, harness.Harness)]  # lm-eval loads the model itself for its tasks
+    model = None if training_args.use_vllm or not ours else models.load_for_inference(model_args, training_args)
+    if training_args.use_vllm and ours:
+        fits(tokenizer, ours, rows, training_args)
         engine = generation.vllm_engine(
             path,
             training_args.vllm_max_model_length,
@@ -363,9 +390,12 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
         )
     summaries, fingerprint = [], questions_fingerprint(rows)
     for protocol in asked:
+        if isinstance(protocol, harness.Harness):
+            summaries.append(evaluate_harness(protocol, run, training_args, model_args, trained))
+            continue
         # What the summary will say of these, so that an evaluation of other terms is never written over:
         terms = dict(model=path, questions_sha256=fingerprint, max_new_tokens=max_new, protocol=protocol.name)
-        terms.update(protocol_details=protocol.details or None, sampling=drawn or None, **split_terms(run))
+        terms.update(sampling=drawn or None, **split_terms(run))
         terms["tags"] = list(answer_format.tags) if protocol.judges_format else None
         name = reports.free_name(output_dir, eval_name("final" if trained else "baseline", protocol.name), terms)
         settings = dict(max_new_tokens=max_new, batch_size=run.eval_batch_size, model_name=path, protocol=protocol)
@@ -381,15 +411,41 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     return summaries
 
 
+def evaluate_harness(protocol, run, training_args, model_args, trained: bool) -> dict:
+    """`protocol` by lm-eval on `--model_name_or_path`, loaded by lm-eval as its command line loads it (`hf`, or
+    `vllm` with `--use_vllm`), into `eval/final-<protocol>` (`baseline-` of a start model); then the comparison."""
+    path, output_dir = model_args.model_name_or_path, training_args.output_dir
+    settings = harness.run_settings(run)
+    spec = harness.model_args(path, model_args, training_args)
+    if training_args.use_vllm:
+        settings["backend"] = "vllm"
+        spec |= {"lora_local_path": spec.pop("peft")} if "peft" in spec else {}  # lm-eval's vllm name for an adapter
+        spec |= {"gpu_memory_utilization": training_args.vllm_gpu_memory_utilization}
+        spec |= {"max_model_len": training_args.vllm_max_model_length} if training_args.vllm_max_model_length else {}
+    # What the summary will say of it (the questions: the data set and limit its details name), as evaluate_only's:
+    plain = eval_name("final" if trained else "baseline", protocol.name)
+    terms = dict(model=path, protocol=protocol.name, split="test", max_new_tokens=settings["max_gen_toks"] or 256)
+    terms["protocol_details"] = harness.protocol_details(protocol, run.dataset, settings)
+    terms["questions_sha256"] = (reports.read_summary(output_dir, plain) or {}).get("questions_sha256")
+    name = reports.free_name(output_dir, plain, terms)
+    folder = reports.eval_dir(output_dir, name)
+    lm = (settings.get("backend", "hf"), spec)
+    summary, records = harness.evaluate(lm, protocol, run.dataset, folder, settings, model_name=path, saved_as=spec)
+    summary |= {"split": "test"} | ({"start_model": reports.start_model_of(path)} if trained else {})
+    if PartialState().is_main_process:
+        write_report(output_dir, name, summary, records)
+        compare(output_dir, protocol.name)
+    return summary
+
+
 def fits(tokenizer, protocols, rows, training_args) -> None:
-    """Stop before vLLM starts where a prompt and its completion would not fit `--vllm_max_model_length` (k-shot
-    prompts are long): vLLM would refuse it midway."""
+    """Stop before vLLM starts where a prompt and its completion would not fit `--vllm_max_model_length`: vLLM
+    would refuse it midway."""
     limit, max_new = training_args.vllm_max_model_length, training_args.max_completion_length
     for protocol in protocols:
         prompts = [protocol.prompt(row["question"]) for row in rows]
         if (longest := too_long(tokenizer, prompts, max_new, limit)) is not None:
             raise RecipeError(
                 f"The {protocol.name} protocol's longest prompt ({longest} tokens) and --max_completion_length "
-                f"{max_new} exceed --vllm_max_model_length {limit}: raise it, or lower --eval_shots or "
-                "--max_completion_length"
+                f"{max_new} exceed --vllm_max_model_length {limit}: raise it, or lower --max_completion_length"
             )

@@ -41,7 +41,10 @@ TERMS = (
 )  # fmt: skip
 SAMPLING_TERMS = ("samples", "temperature", "seed")
 ACCURACY_LABELS = {  # the accuracy rows' labels where a protocol reads answers otherwise than the recipe's
-    "kshot": {"accuracy_strict": "accuracy, strict (#### N)", "accuracy_lenient": "accuracy, flexible (last number)"},
+    **{
+        name: {"accuracy_strict": "exact_match, strict-match", "accuracy_lenient": "exact_match, flexible-extract"}
+        for name in ("gsm8k", "gsm8k-chat", "gsm8k_cot", "gsm8k_cot-chat")
+    },
     "chat": {"accuracy_strict": "accuracy, strict (\\boxed{})", "accuracy_lenient": "accuracy, boxed else last number"},
 }
 

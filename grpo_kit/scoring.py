@@ -2,29 +2,22 @@
 with their 95 % intervals, pass@k and maj@k, and the paired test of a change.
 
 Protocols (how a question is put; strict, lenient: where the answer is read): `recipe`, the recipe's system prompt;
-the number in its answer block (what the correctness reward pays), the last number. `kshot`, `shots` worked train
-solutions (a fixed draw, never a test question, the same for every question and run) as earlier chat turns; the
-number after `####`, the last number: lm-evaluation-harness's gsm8k readings, not its prompt (numbers compare between
-runs of this recipe, not with lm-eval's). `chat`, the question alone; the last `\\boxed{}`, that where it holds a
-number, else the last number. kshot and chat send no system message (a template's default one is added, as for any
-user). Numbers are read with `grpo_kit.numbers` and the format checks are the recipe's own, so a completion scores
-here as it is rewarded.
+the number in its answer block (what the correctness reward pays), the last number. `chat`, the question alone; the
+last `\\boxed{}`, that where it holds a number, else the last number; no system message (a template's default one is
+added, as for any user). Numbers are read with `grpo_kit.numbers` and the format checks are the recipe's own, so a
+completion scores here as it is rewarded. lm-evaluation-harness's own tasks are run by lm-eval: `grpo_kit.harness`.
 
 Statistics: `wilson` is the Wilson score interval (Newcombe 1998, method 3: inside [0, 1], honest at 0 % and at
 small n); pass@k is the unbiased estimator of Chen et al. (2021), its interval Wilson's of the mean (conservative)."""
 
-import hashlib
 import math
-import random
-import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from grpo_kit.numbers import answer_number, last_number, parse_number
 
-PROTOCOLS = ("recipe", "kshot", "chat")
-HASH_ANSWER_RE = re.compile(r"####[ \t]*([^\n]*)")
+PROTOCOLS = ("recipe", "chat")  # the recipe's own; lm-eval's tasks: harness.PROTOCOLS
 BOXED = "\\boxed{"
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile: two-sided 95 %
 ALPHA = 0.05  # a change is called larger than chance when the paired test's p-value is below this
@@ -37,13 +30,6 @@ class Protocol:
     strict: Callable[[str], str | None]  # completion -> the answer it commits to in this protocol's form
     lenient: Callable[[str], str | None]  # completion -> the answer read more leniently (the last number...)
     judges_format: bool  # whether the recipe's format checks mean anything here
-    details: dict = field(default_factory=dict)  # what the summary records of it (shots, seed, exemplars)
-
-
-def hash_answer(completion: str) -> str | None:
-    """The rest of the line after the first `####` (`18`, `$1,080.00`, `**18**`), None without one."""
-    match = HASH_ANSWER_RE.search(completion)
-    return match[1].strip() or None if match else None
 
 
 def boxed(completion: str) -> str | None:
@@ -67,24 +53,12 @@ def _asked(question: str) -> list[dict]:
     return [{"role": "user", "content": question}]
 
 
-def build_protocol(name: str, answer_format, *, train_rows=None, test_questions=(), shots: int = 8, seed: int = 0):
+def build_protocol(name: str, answer_format):
     if name == "recipe":
         strict = lambda c: answer_format.extract_answer(c) or None  # noqa: E731
         return Protocol("recipe", answer_format.chat_prompt, strict, last_number, True)
     if name == "chat":
         return Protocol("chat", _asked, boxed, boxed_or_last_number, False)
-    if name == "kshot":
-        excluded = set(test_questions)
-        pool = [row for row in train_rows or [] if row.get("solution") and row["question"] not in excluded]
-        if len(pool) < shots:
-            raise ValueError(f"k-shot needs {shots} train rows with solutions, and there are {len(pool)}")
-        shown = random.Random(seed).sample(pool, shots)  # `shots` worked solutions, the same draw for a seed
-        turns = [
-            m for row in shown for m in (*_asked(row["question"]), {"role": "assistant", "content": row["solution"]})
-        ]
-        digest = hashlib.sha256("\n".join(row["question"] for row in shown).encode()).hexdigest()[:16]
-        details = {"shots": shots, "seed": seed, "exemplars_sha256": digest}
-        return Protocol("kshot", lambda q: [*turns, *_asked(q)], hash_answer, last_number, False, details)
     raise ValueError(f"no evaluation protocol {name!r}: one of {', '.join(PROTOCOLS)}")
 
 
@@ -122,7 +96,7 @@ def summarize(records: list[dict]) -> dict:
         "format_rate": rate("format_strict"),
         "soft_format_rate": rate("format_soft"),
         "mean_completion_tokens": rate("completion_tokens"),
-        "truncated": sum(r["truncated"] for r in records),
+        "truncated": None if any(r["truncated"] is None for r in records) else sum(r["truncated"] for r in records),
     }
 
 

@@ -84,11 +84,14 @@ class RunArguments:
     )
     eval_protocols: list[str] = _option(
         ["recipe"],
-        "How questions are put and answers read (grpo_kit/scoring.py): recipe (its format, zero-shot), "
-        "kshot (GSM8K's '#### N' style, eval_shots worked examples from train), chat (the question alone; "
-        "\\boxed{} or the last number). Baseline and final run in each; a training run always in recipe",
+        "How questions are put and answers read: recipe (its format, zero-shot), chat (the question alone; "
+        "\\boxed{} or the last number) (grpo_kit/scoring.py); lm-evaluation-harness's own tasks, run by lm-eval: "
+        "gsm8k (5-shot), gsm8k_cot (8-shot CoT), each with -chat for the chat template (grpo_kit/harness.py, "
+        "docs/evaluation.md). Baseline and final run in each; a training run always in recipe",
     )
-    eval_shots: int = _option(8, "Worked examples the kshot protocol shows (drawn from train)")
+    eval_max_gen_toks: int | None = _option(
+        None, "lm-eval's max_gen_toks for its tasks (--gen_kwargs max_gen_toks=N); default: lm-eval's, 256"
+    )
     eval_samples: int = _option(0, "Samples per question for pass@k and maj@k, beside greedy accuracy; 0: off")
     eval_temperature: float | None = _option(None, "The temperature of eval_samples; default: the training temperature")
     ask: str | None = _option(None, "Print a sampled answer of --model_name_or_path to this question and exit")

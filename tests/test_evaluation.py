@@ -362,7 +362,7 @@ def smoke_run(tmp_path_factory):
         patch.setattr(PreTrainedModel, "from_pretrained", classmethod(counting))
         grpo_demo.main(
             ["--smoke", "--report_to", "none", "--learning_rate", "0.01", "--eval_every_steps", "2"]
-            + ["--eval_protocols", "kshot", "chat", "--eval_shots", "3", "--eval_samples", "4"]
+            + ["--eval_protocols", "gsm8k-chat", "chat", "--eval_max_gen_toks", "16", "--eval_samples", "4"]
         )
     return folder, loads
 
@@ -402,10 +402,15 @@ def test_baseline_and_final_evaluate_the_start_and_the_trained_model(smoke_run):
 def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run, capsys):
     folder, _ = smoke_run
     evaluations = folder / "outputs" / "smoke-GRPO" / "eval"
-    for protocol, name in (("recipe", ""), ("kshot", "-kshot"), ("chat", "-chat")):
+    for protocol, name in (("recipe", ""), ("gsm8k-chat", "-gsm8k-chat"), ("chat", "-chat")):
         for base in ("baseline", "final"):
             summary = json.loads((evaluations / f"{base}{name}" / "summary.json").read_text())
             assert summary["protocol"] == protocol and summary["n"] == 32
+            if protocol == "gsm8k-chat":  # lm-eval's task: greedy, its own verdicts, its accuracy
+                assert summary["accuracy_strict"] == summary["lm_eval_results"]["strict"]
+                assert summary["accuracy_lenient"] == summary["lm_eval_results"]["lenient"]
+                assert summary["format_rate"] is None and "sampling" not in summary
+                continue
             assert set(summary["sampling"]["strict"]) == {"pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"}
             assert summary["sampling"]["temperature"] == 0.9  # the training temperature
             lines = (evaluations / f"{base}{name}" / "completions.jsonl").read_text().splitlines()
@@ -414,8 +419,13 @@ def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run
         paired = comparison["paired"]["strict"]
         assert paired["gained"] == len(comparison["paired"]["flipped"]["gained"])
         assert 0 <= paired["p_value"] <= 1 and paired["verdict"]
-    kshot = json.loads((evaluations / "baseline-kshot" / "summary.json").read_text())
-    assert kshot["protocol_details"]["shots"] == 3 and kshot["format_rate"] is None
+    details = json.loads((evaluations / "baseline-gsm8k-chat" / "summary.json").read_text())["protocol_details"]
+    assert (details["task"], details["num_fewshot"], details["task_version"]) == ("gsm8k", 5, 3.0)
+    assert (details["apply_chat_template"], details["fewshot_as_multiturn"], details["max_gen_toks"]) == (
+        True,
+        True,
+        16,
+    )
 
 
 def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
@@ -428,23 +438,24 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
         patch.chdir(folder)
         before = json.loads((evaluations / "final" / "summary.json").read_text())
         # A trained run's folder: its final evaluation, measured again on the same terms, beside the model.
-        same = ["--eval_samples", "4", "--eval_protocols", "recipe", "kshot", "--eval_shots", "3"]  # as it trained
+        trained_by_lm_eval = (evaluations / "final-gsm8k-chat" / "completions.jsonl").read_text()
+        same = ["--eval_samples", "4", "--eval_protocols", "recipe", "gsm8k-chat", "--eval_max_gen_toks", "16"]
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, *same])
         again = json.loads((evaluations / "final" / "summary.json").read_text())
         assert (again["n"], again["model"], again["start_model"]) == (32, run, "outputs/smoke-assets/tiny-qwen2")
         assert again["accuracy_strict"] == before["accuracy_strict"]
         assert json.loads((evaluations / "comparison.json").read_text())["final"] == again
-        # The k-shot examples are the training run's: the same draw from the whole train split.
-        kshot = json.loads((evaluations / "comparison-kshot.json").read_text())
-        assert kshot["final-kshot"]["protocol_details"] == kshot["baseline-kshot"]["protocol_details"]
+        # lm-eval on the saved folder answers as it did on the trainer's model: the same completions and verdicts.
+        assert (evaluations / "final-gsm8k-chat" / "completions.jsonl").read_text() == trained_by_lm_eval
+        assert (evaluations / "comparison-gsm8k-chat.json").is_file()
         # On other terms (5 questions; no samples; other examples) each is written beside the first, which stays.
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_limit", "5"])
         assert json.loads((evaluations / "final-2" / "summary.json").read_text())["n"] == 5
         assert json.loads((evaluations / "final" / "summary.json").read_text())["n"] == 32
-        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_protocols", "kshot"])
-        assert "sampling" not in json.loads((evaluations / "final-kshot-2" / "summary.json").read_text())
-        assert "sampling" in json.loads((evaluations / "final-kshot" / "summary.json").read_text())
-        assert (evaluations / "comparison-kshot.json").is_file()
+        other = ["--eval_protocols", "gsm8k-chat", "--eval_max_gen_toks", "8"]
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, *other])
+        assert json.loads((evaluations / "final-gsm8k-chat-2" / "summary.json").read_text())["max_new_tokens"] == 8
+        assert json.loads((evaluations / "final-gsm8k-chat" / "summary.json").read_text())["max_new_tokens"] == 16
 
         capsys.readouterr()
         question = "Ava has 3 apples and gets 4 more. How many apples does Ava have now?"
@@ -454,29 +465,6 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
     expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
     assert expected and printed == expected + "\n"
-
-
-def test_eval_only_never_shows_a_test_question_as_a_kshot_example(smoke_run, tmp_path):
-    """A train split that repeats all 32 test questions and holds 3 more: the 3 examples shown are those 3, drawn as
-    from a train split of them alone (a draw from all 35 would show repeats, and name other questions)."""
-    from grpo_kit import smoke
-
-    folder, _ = smoke_run
-    data = folder / "outputs" / "smoke-assets" / "gsm8k-generated"
-    train, test = ([json.loads(line) for line in (data / f"{split}.jsonl").open()] for split in ("train", "test"))
-    mixed = smoke.write_splits(tmp_path / "mixed", [*test, *train[:3]], test)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        flags = ["--dataset", str(mixed), "--output_dir", str(tmp_path / "out"), "--eval_protocols", "kshot"]
-        grpo_demo.main(
-            ["--smoke", "--eval_only", "--model_name_or_path", "outputs/smoke-GRPO", *flags, "--eval_shots", "3"]
-        )
-    summary = json.loads((tmp_path / "out" / "eval" / "final-kshot" / "summary.json").read_text())
-    clean = grpo_demo.get_gsm8k_questions("train", str(smoke.write_splits(tmp_path / "clean", train[:3], test)))
-    alone = scoring.build_protocol("kshot", FMT, train_rows=list(clean), shots=3, seed=evaluation.SHOTS_SEED)
-    assert summary["protocol_details"] == alone.details
-    assert summary["first_prompt"].count("<|im_start|>user") == 4  # 3 examples, then the question
-    assert sum(t["question"] in summary["first_prompt"] for t in test) == 1  # the question asked, and no other
 
 
 def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_path, monkeypatch):

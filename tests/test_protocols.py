@@ -55,66 +55,18 @@ def lively(tiny):
 # Protocols
 
 
-def test_kshot_prompts_show_train_solutions_never_the_test_question_and_the_same_every_run(rows):
-    train, test = rows
-    # A train row that repeats a test question must not be shown as an example: with 8 of 9 rows drawn, it would be.
-    train = [*train[:8], {**train[8], "question": test[0]["question"]}]
-    kshot = scoring.build_protocol(
-        "kshot", FMT, train_rows=train, test_questions={r["question"] for r in test}, shots=8
-    )
-    again = scoring.build_protocol(
-        "kshot", FMT, train_rows=list(train), test_questions={r["question"] for r in test}, shots=8
-    )
-    test_questions = {r["question"] for r in test}
-    for row in test:
-        messages = kshot.prompt(row["question"])
-        assert messages == again.prompt(row["question"])  # identical across runs with the same seed
-        assert len(messages) == 2 * 8 + 1 and [m["role"] for m in messages[:2]] == ["user", "assistant"]
-        assert messages[-1] == {"role": "user", "content": row["question"]}
-        shown = [m["content"] for m in messages[:-1]]
-        assert not any(q in text for text in shown for q in test_questions)  # no test question, anywhere
-        assert all(m["content"].rstrip().split("####")[-1].strip().isdigit() for m in messages[1:-1:2])
-        assert not any(m["role"] == "system" for m in messages)  # no recipe format
-    assert kshot.details == {"shots": 8, "seed": 0, "exemplars_sha256": again.details["exemplars_sha256"]}
-    other = scoring.build_protocol("kshot", FMT, train_rows=train, test_questions=test_questions, shots=8, seed=1)
-    assert other.details["exemplars_sha256"] != kshot.details["exemplars_sha256"]
-
-
-def test_the_recipes_kshot_examples_leave_out_every_question_of_the_test_split_it_is_given(rows):
-    """Through `evaluation.protocols`, as the recipe builds them: 8 of 16 train rows repeat a test question, so the
-    8 examples shown must be exactly the other 8 (a draw of 8 from all 16 would show some of the repeats)."""
-    train, test = rows
-    clean = train[:8]
-    repeats = [{**row, "question": t["question"]} for row, t in zip(train[8:16], test[8:16], strict=True)]
-    assert not {r["question"] for r in clean} & {t["question"] for t in test}
-    run = types.SimpleNamespace(eval_protocols=["kshot"], eval_shots=8)
-    recipe, kshot = evaluation.protocols(run, FMT, test, [*repeats, *clean], training=True)
-    assert recipe.name == "recipe" and kshot.name == "kshot"  # a training run measures the recipe's first
-    shown = [m["content"] for m in kshot.prompt(test[0]["question"])[:-1:2]]  # the examples' questions
-    assert sorted(shown) == sorted(r["question"] for r in clean)
-    assert kshot.details["seed"] == evaluation.SHOTS_SEED == 1234
-    with pytest.raises(RecipeError, match="--eval_protocols kshot: k-shot needs 8 train rows with solutions, and"):
-        evaluation.protocols(run, FMT, test, [*repeats, *clean[:7]], training=False)  # 7 left once 8 are excluded
-
-
-def test_kshot_with_too_few_train_solutions_says_so(rows):
-    with pytest.raises(ValueError, match="k-shot needs 8 train rows with solutions, and there are 3"):
-        scoring.build_protocol("kshot", FMT, train_rows=rows[0][:3], shots=8)
-
-
 @pytest.mark.parametrize(
     ("name", "completion", "gold", "strict", "lenient"),
     [
-        ("kshot", "She has 5 + 3 = <<5+3=8>>8.\n#### 8", "8", True, True),
-        ("kshot", "#### 1,080\nQuestion: 7", "1080", True, False),  # strict after ####; flexible: the last number
-        ("kshot", "5 + 3 = 8", "8", False, True),  # no ####: flexible only
         ("chat", "So the answer is $\\boxed{18}$.", "18", True, True),
         ("chat", "\\boxed{18} is it, then 7", "7", False, False),  # a boxed number wins over later numbers
         ("chat", "\\boxed{5}? No: 2 + 5 = \\boxed{7}", "7", True, True),  # the last box is the answer
-        ("kshot", "#### 8\nQuestion: Ann has 9 pens.\n#### 9", "8", True, False),  # the first #### is the answer
         ("chat", "\\boxed{A}: so 7", "7", False, True),  # a box without a number: the last number
-        ("kshot", "#### $-5", "-5", True, True),
-        ("kshot", "#### **18**\nso 18", "18", True, True),
+        ("chat", "\\boxed{\u22125}", "-5", True, True),  # U+2212 MINUS SIGN is a minus in every protocol
+        ("chat", "It fell 3\u20134 degrees: \u20137", "-7", False, True),  # an en dash too; between numbers, a range
+        ("chat", "She works 3-4 hours", "-4", False, False),  # a hyphen between numbers is no sign
+        ("recipe", "<answer>\n\u22125\n</answer>", "-5", True, True),
+        ("recipe", "<answer>\n\u22125\n</answer>", "5", False, False),
         ("chat", "She pays 18 dollars.", "18", False, True),  # no box: the last number
         ("chat", "\\boxed{12", "12", False, True),  # an unclosed box is none
         ("recipe", "<reasoning>\n3 + 4\n</reasoning>\n<answer>\n7\n</answer>", "7", True, True),
@@ -122,7 +74,7 @@ def test_kshot_with_too_few_train_solutions_says_so(rows):
     ],
 )
 def test_each_protocol_reads_its_own_answer_form(name, completion, gold, strict, lenient, rows):
-    protocol = scoring.build_protocol(name, FMT, train_rows=rows[0], shots=2)
+    protocol = scoring.build_protocol(name, FMT)
     scored = scoring.score(completion, gold, FMT, protocol)
     assert (scored["correct_strict"], scored["correct_lenient"]) == (strict, lenient)
     judged = scored["format_strict"] is not None
@@ -318,7 +270,7 @@ def test_sampling_is_seeded_and_leaves_the_training_random_state_alone(lively, r
 
 def test_evaluate_with_samples_reports_pass_and_maj_beside_greedy(tiny, rows):
     tokenizer, model = tiny
-    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=2)
+    chat = scoring.build_protocol("chat", FMT)
     summary, records = evaluation.evaluate(
         model,
         tokenizer,
@@ -327,12 +279,12 @@ def test_evaluate_with_samples_reports_pass_and_maj_beside_greedy(tiny, rows):
         max_new_tokens=8,
         batch_size=8,
         model_name="tiny",
-        protocol=kshot,
+        protocol=chat,
         samples=4,
         temperature=1.0,
         seed=0,
     )
-    assert summary["protocol"] == "kshot" and summary["protocol_details"]["shots"] == 2
+    assert summary["protocol"] == "chat"
     assert summary["format_rate"] is None  # not a question this protocol asks
     assert set(summary["sampling"]["strict"]) == {"pass@1", "pass@2", "pass@4", "maj@1", "maj@2", "maj@4"}
     assert all(len(r["samples"]) == 4 and "correct_strict" in r["samples"][0] for r in records)
@@ -357,8 +309,8 @@ def test_the_vllm_path_serves_every_protocol_and_samples(monkeypatch, tiny, rows
             return [types.SimpleNamespace(outputs=[out] * n) for _ in requests]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=2)
-    prompts = [kshot.prompt(r["question"]) for r in rows[1][:3]]
+    chat = scoring.build_protocol("chat", FMT)
+    prompts = [chat.prompt(r["question"]) for r in rows[1][:3]]
     greedy, sampled = generation.generate_vllm(LLM(), tokenizer, prompts, 64, samples=5, temperature=0.7, seed=3)
     (greedy_requests, greedy_params), (sample_requests, sample_params) = handed
     assert (
@@ -409,23 +361,14 @@ def test_pass_at_k_intervals_do_not_shrink_to_a_point():
     assert scoring.wilson(0, 20)[0] == 0.0  # exactly, not 7e-18
 
 
-def test_too_few_train_solutions_for_kshot_stop_before_the_weights_load(rows):
-    from grpo_kit import checks
-
-    run = types.SimpleNamespace(eval_protocols=["recipe", "kshot"], eval_shots=8)
-    with pytest.raises(RecipeError, match="shows 8 worked train solutions, and the train split has 3: lower"):
-        checks.enough_examples({"solution": [r["solution"] for r in rows[0][:3]]}, run)
-    checks.enough_examples({"solution": [r["solution"] for r in rows[0]]}, run)  # enough: no stop
-
-
-def test_kshot_prompts_that_do_not_fit_vllms_length_stop_before_it_starts(tiny, rows):
+def test_prompts_that_do_not_fit_vllms_length_stop_before_it_starts(tiny, rows):
     from grpo_kit import evaluation
 
     tokenizer, _ = tiny
-    kshot = scoring.build_protocol("kshot", FMT, train_rows=rows[0], shots=4)
-    args = types.SimpleNamespace(vllm_max_model_length=200, max_completion_length=48)
-    with pytest.raises(RecipeError, match=r"The kshot protocol's longest prompt \(\d+ tokens\) and --max_completion"):
-        evaluation.fits(tokenizer, [kshot], rows[1], args)
+    recipe = scoring.build_protocol("recipe", FMT)
+    args = types.SimpleNamespace(vllm_max_model_length=100, max_completion_length=48)
+    with pytest.raises(RecipeError, match=r"The recipe protocol's longest prompt \(\d+ tokens\) and --max_completion"):
+        evaluation.fits(tokenizer, [recipe], rows[1], args)
     evaluation.fits(tokenizer, [scoring.build_protocol("chat", FMT)], rows[1], args)  # a question alone fits
 
 
@@ -442,7 +385,7 @@ def test_a_temperature_without_samples_is_said_to_do_nothing(caplog):
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
-        (["--eval_protocols", "kshot", "chat", "--eval_samples", "8"], "eval_protocols kshot chat and eval_samples 8"),
+        (["--eval_protocols", "gsm8k", "chat", "--eval_samples", "8"], "eval_protocols gsm8k chat and eval_samples 8"),
         (["--eval_samples", "4"], "eval_samples 4"),
         (["--eval_protocols", "recipe", "chat"], "eval_protocols recipe chat"),
     ],
@@ -457,7 +400,7 @@ def test_protocols_and_samples_without_the_final_evaluation_are_refused_before_a
 
 
 def test_protocols_and_samples_stand_with_the_final_evaluation_or_eval_only(tmp_path):
-    resolved(["--smoke", "--eval_protocols", "kshot", "--eval_samples", "4"])
+    resolved(["--smoke", "--eval_protocols", "gsm8k_cot-chat", "--eval_samples", "4"])
     resolved(["--smoke", "--final_eval", "false", "--eval_protocols", "recipe"])  # the default: nothing lost
     model = tmp_path / "model"
     model.mkdir()
@@ -489,20 +432,20 @@ def test_comparisons_set_side_by_side_only_what_was_measured_alike(tmp_path, cap
 
     def summary(**extra):
         base = {"n": 1, "accuracy_strict": 1.0, "accuracy_lenient": 1.0, "mean_completion_tokens": 1.0}
-        return {**base, "truncated": 0, "model": "m", "seconds": 1, "max_new_tokens": 8, "protocol": "kshot", **extra}
+        return {**base, "truncated": 0, "model": "m", "seconds": 1, "max_new_tokens": 8, "protocol": "gsm8k", **extra}
 
     def sampled(temperature):
         metric = {"value": 1.0, "interval": [0.2, 1.0]}
         return {"samples": 2, "temperature": temperature, "seed": 42, "strict": {"pass@1": metric}}
 
-    details = {"shots": 8, "seed": 1234, "exemplars_sha256": "a"}
-    reports.write_report(tmp_path, "baseline-kshot", summary(protocol_details=details, sampling=sampled(0.9)), records)
-    reports.write_report(tmp_path, "final-kshot", summary(protocol_details=details, sampling=sampled(0.3)), records)
-    comparison = reports.compare(tmp_path, "kshot")
+    details = {"lm_eval": "0.4.13", "task": "gsm8k", "num_fewshot": 5, "apply_chat_template": False}
+    reports.write_report(tmp_path, "baseline-gsm8k", summary(protocol_details=details, sampling=sampled(0.9)), records)
+    reports.write_report(tmp_path, "final-gsm8k", summary(protocol_details=details, sampling=sampled(0.3)), records)
+    comparison = reports.compare(tmp_path, "gsm8k")
     assert "strict/pass@1" not in comparison["change"] and "accuracy_strict" in comparison["change"]
     assert "drew other samples" in caplog.text
-    other = {**details, "exemplars_sha256": "b"}
-    reports.write_report(tmp_path, "final-kshot", summary(protocol_details=other), records)
-    assert reports.compare(tmp_path, "kshot") is None
-    assert "their kshot prompts differ" in caplog.text
-    assert not (tmp_path / "eval" / "comparison-kshot.json").exists()
+    other = {**details, "lm_eval": "0.4.14"}  # another lm-eval: its numbers are not set beside these
+    reports.write_report(tmp_path, "final-gsm8k", summary(protocol_details=other), records)
+    assert reports.compare(tmp_path, "gsm8k") is None
+    assert "their gsm8k prompts differ" in caplog.text
+    assert not (tmp_path / "eval" / "comparison-gsm8k.json").exists()

@@ -116,6 +116,10 @@ PARSE_NUMBER = [
     ("nan", None),  # Decimal would take it; we do not
     ("Infinity", None),  # ditto
     ("١٨", None),  # Arabic-Indic digits: ASCII only
+    ("\u22123", Fraction(-3)),  # U+2212 MINUS SIGN is a minus
+    ("\u20133", Fraction(-3)),  # so is an en dash before a number
+    ("\uff0d0.5", Fraction(-1, 2)),  # and a full-width hyphen-minus
+    ("\u20143", None),  # an em dash is punctuation, not a sign
     ("", None),  # nothing
 ]
 
@@ -137,6 +141,12 @@ ANSWER_NUMBER = [
     ("\\boxed{}", None),  # an empty box commits to nothing
     ("18 or 20", None),  # two different numbers
     ("3 * 6 = 18", None),  # working, not an answer
+    ("\u22125 degrees", Fraction(-5)),  # U+2212: minus five
+    ("\u2013$5", Fraction(-5)),  # an en dash before a currency sign
+    ("\\boxed{\u22127}", Fraction(-7)),  # in a box too
+    ("3-4 hours", None),  # a hyphen between two numbers is a range: 3 and 4, no -4
+    ("3\u22124 hours", None),  # so is a minus sign there
+    ("the answer\u20145", Fraction(5)),  # an em dash is punctuation
     ("eighteen", None),  # no number
     ("", None),  # empty block
     ("x" * (MAX_ANSWER_CHARS - 2) + "18", Fraction(18)),  # MAX_ANSWER_CHARS long: still an answer
@@ -259,6 +269,8 @@ INT = [
     (formatted("1,08"), 0.0),  # separators only in groups of three
     (formatted("+72"), 0.0),  # GSM8K writes no plus sign
     (formatted("- 3"), 0.0),  # nor a spaced minus
+    (formatted("\u22123"), 0.5),  # U+2212 MINUS SIGN is a minus
+    (formatted("\u20133"), 0.5),  # so is an en dash
     (formatted("٧٢"), 0.0),  # Arabic-Indic digits: str.isdigit() says yes, GSM8K never writes them
     (formatted("²"), 0.0),  # a superscript: ditto
     (formatted("72\n73"), 0.0),  # two lines
@@ -294,6 +306,11 @@ CORRECTNESS = [
     ("<answer>19</answer><answer>18</answer>", "18", 2.0),  # the last block counts
     (formatted("19"), "18", 0.0),  # a different number
     (formatted("3"), "-3", 0.0),  # the sign matters
+    (formatted("\u22125"), "-5", 2.0),  # U+2212 MINUS SIGN: minus five
+    (formatted("\u22125"), "5", 0.0),  # ... not five
+    (formatted("\u20135"), "-5", 2.0),  # an en dash likewise
+    (formatted("\u20135"), "5", 0.0),
+    (formatted("5-3"), "-3", 0.0),  # a hyphen between numbers is no sign: 5 and 3, no -3
     (formatted("1.8"), "18", 0.0),  # a decimal point is not a separator
     (formatted("180"), "18", 0.0),  # nor is an extra digit a zero
     (formatted("18,0"), "18", 0.0),  # a bad separator splits it into two numbers

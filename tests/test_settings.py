@@ -48,7 +48,12 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
     assert set(model_args.lora_target_modules) == TARGETS
     assert args.trust_remote_code is False
     assert run.health_checks_off == [] and args.logging_nan_inf_filter is False  # every check on, a NaN logged as NaN
-    assert (run.eval_protocols, run.eval_shots, run.eval_samples, run.eval_temperature) == (["recipe"], 8, 0, None)
+    assert (run.eval_protocols, run.eval_max_gen_toks, run.eval_samples, run.eval_temperature) == (
+        ["recipe"],
+        None,
+        0,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -329,7 +334,11 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         (["--output_dir", ""], "output_dir is empty: name a folder"),
         (["--health_checks_off", "truncation", "entropy"], "health_checks_off: entropy: no such check"),
         (["--eval_protocols", "recipe", "lm-eval"], "eval_protocols: lm-eval: no such protocol (the protocols: recipe"),
-        (["--eval_shots", "0"], "eval_shots=0: the kshot protocol shows 1 to 32 worked examples"),
+        (["--eval_max_gen_toks", "0"], "eval_max_gen_toks=0: lm-eval's max_gen_toks is at least 1 (default: 256)"),
+        (
+            ["--eval_protocols", "gsm8k", "--eval_split", "validation", "--validation_rows", "8"],
+            "eval_protocols gsm8k: lm-eval's tasks measure GSM8K's test split",
+        ),
         (["--eval_samples", "-1"], "eval_samples=-1: 0 (greedy only) or the samples per question"),
         (["--eval_temperature", "0"], "eval_temperature=0.0: sampling needs a positive temperature"),
         (["--eval_split", "validation"], "eval_split=validation measures the train rows --validation_rows holds out"),
