@@ -40,12 +40,12 @@ def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
     return own + [own[-1] if own else 0] * (-(-n // count) - len(own)), len(own)
 
 
-def generate_collectively(model, tokenizer, prompts: list, generate, desc: str, **settings):
+def generate_collectively(model, tokenizer, prompts: list, generate, desc: str, progress: bool = True, **settings):
     """`generate(model, tokenizer, prompts, desc=, progress=, **settings)` (`generation.generate_greedy` or
     `generate_samples`) of `prompts` in input order, run by every process on its share and gathered."""
     state = PartialState()
     indices, own = shard(len(prompts), state.process_index, state.num_processes)
-    shown = dict(desc=desc, progress=state.is_main_process)
+    shown = dict(desc=desc, progress=progress and state.is_main_process)
     generations = generate(model, tokenizer, [prompts[i] for i in indices], **shown, **settings)
     mine = list(zip(indices[:own], generations[:own], strict=True))
     by_index = dict(gather_object(mine) if state.num_processes > 1 else mine)
@@ -66,6 +66,7 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     desc: str = "GSM8K",
+    progress: bool = True,
     vllm: tuple[list[Generation], list[list[Generation]] | None] | None = None,
 ) -> tuple[dict, list[dict]]:
     """Accuracy on `rows` (the recipe's: `question`, `prompt`, `answer`) under `protocol` (default: the recipe's):
@@ -81,12 +82,12 @@ def evaluate(
     if vllm is None:
         warn_if_past_positions(model, tokenizer, prompts, max_new_tokens)
         lengths = dict(max_new_tokens=max_new_tokens, batch_size=batch_size)
-        generations = generate_collectively(model, tokenizer, prompts, generate_greedy, desc, **lengths)
+        generations = generate_collectively(model, tokenizer, prompts, generate_greedy, desc, progress, **lengths)
         if samples > 0:
             own_seed = seed + PartialState().process_index  # each process samples its own share
             drawn = dict(samples=samples, temperature=temperature, seed=own_seed, **lengths)
             shown = f"{desc}, {samples} samples"
-            sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, **drawn)
+            sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, progress, **drawn)
     seconds = time.perf_counter() - started
 
     def scored(g: Generation, gold: str) -> dict:
@@ -175,7 +176,9 @@ class AccuracyCallback(TrainerCallback):
         self.split = split or {"split": "test"}  # the rows measured (`split_terms`)
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
-    def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
+    def measure(
+        self, rows, model_name: str, desc: str, protocol=None, sampling=None, progress: bool = True
+    ) -> tuple[dict, list[dict]]:
         from trl.models import unwrap_model_for_generation
 
         trainer, args = self.trainer, self.trainer.args
@@ -185,7 +188,7 @@ class AccuracyCallback(TrainerCallback):
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        settings = dict(model_name=model_name, protocol=protocol, desc=desc, **(sampling or {}))
+        settings = dict(model_name=model_name, protocol=protocol, desc=desc, progress=progress, **(sampling or {}))
         settings.update(max_new_tokens=args.max_completion_length, batch_size=self.batch_size)
         with unwrapped as model, trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext():
             result = evaluate(model, trainer.processing_class, rows, self.answer_format, **settings)
@@ -201,7 +204,7 @@ class AccuracyCallback(TrainerCallback):
             summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
             summary |= self.split | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
-                write_report(self.trainer.args.output_dir, name, summary, records)
+                write_report(self.trainer.args.output_dir, name, summary, records, table=False)
             first = records if first is None else first
         return first
 
@@ -222,7 +225,7 @@ class AccuracyCallback(TrainerCallback):
             subset = (
                 records[: len(self.subset)]
                 if records
-                else self.measure(self.subset, self.start_model, "accuracy at step 0")[1]
+                else self.measure(self.subset, self.start_model, "accuracy at step 0", progress=False)[1]
             )
             self.log_subset(summarize(subset), control)
 
@@ -231,7 +234,8 @@ class AccuracyCallback(TrainerCallback):
             return
         if control.should_training_stop and state.global_step < state.max_steps:
             return  # stopping early (grpo_kit/stopping.py): the checkpoint first, as a scheduler's grace is short
-        summary, _ = self.measure(self.subset, args.output_dir, f"accuracy at step {state.global_step}")
+        desc = f"accuracy at step {state.global_step}"
+        summary, _ = self.measure(self.subset, args.output_dir, desc, progress=False)  # the training bar's the one
         accuracy = [100 * summary[f"accuracy_{verdict}"] for verdict in ("strict", "lenient")]
         message = "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions"
         logger.info(message, state.global_step, *accuracy, summary["n"])

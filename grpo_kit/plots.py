@@ -52,7 +52,7 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
     except Exception as err:  # noqa: BLE001 - any failure to draw is reported, never raised
         logger.warning("No curves.png in %s: drawing failed (%s: %s)", output_dir, type(err).__name__, err)
         return None
-    logger.info("Curves drawn in %s", path)
+    logger.debug("Curves drawn in %s", path)  # the run's closing lines name it
     return path
 
 

@@ -20,6 +20,9 @@ SETTINGS = {
         save_steps=2,
         eval_every_steps=2,
         eval_subset=8,
+        # Its model has random weights: it never ends a completion, so every one is cut at 48 tokens, by design. The
+        # truncation check would say so at every run, a finding on the preset's own settings.
+        health_checks_off=["truncation"],
     ),
     "demo": dict(
         OFFLINE,

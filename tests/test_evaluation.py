@@ -562,7 +562,7 @@ def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluatio
     ]
     measured, logged = [], []
 
-    def measure(rows_asked, model_name, desc, *args):
+    def measure(rows_asked, model_name, desc, *args, **kwargs):
         measured.append((len(rows_asked), desc))
         return {}, records[: len(rows_asked)]
 

@@ -65,6 +65,24 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert runs.not_written_by_a_run(out) == []  # every file a run's: a preset's next run may clear them all
 
 
+def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke_run):
+    """What `--smoke` prints, in at most 60 lines: its settings, a line per step, the comparison table with the paired
+    verdict, the health line and where each thing was written; no completions table, no library warning."""
+    _, out, stdout = smoke_run
+    lines = stdout.splitlines()
+    assert len(lines) <= 60, f"{len(lines)} lines"
+    assert "GRPO on GSM8K: outputs/smoke-assets/tiny-qwen2 -> outputs/smoke-GRPO" in lines
+    assert (
+        "  batch      2 prompts x 4 generations = 8 completions per step (8 per device x 1 accumulation x 1 " in stdout
+    )
+    assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == [f"step {n}/4" for n in (1, 2, 3, 4)]
+    assert "| accuracy, strict (answer block) | " in stdout and "Paired, strict: " in stdout
+    assert "Training health: ok (6 checks, outputs/smoke-GRPO/health.json)" in lines  # truncation: off in the preset
+    for name, path in (("model", ""), ("curves", "/curves.png"), ("completions", "/completions")):
+        assert f"  {name:<12} outputs/smoke-GRPO{path}" in lines, name
+    assert not [line for line in lines if "Warning" in line or "┃" in line or "{'loss'" in line or "%|" in line]
+
+
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
     _, out, stdout = smoke_run
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb")), "no offline wandb run files"
@@ -192,8 +210,8 @@ RUN = ["--smoke", "--max_steps", "6", "--save_steps", "2"]
 
 
 def logged_steps(stdout: str) -> int:
-    """Optimizer steps a run logged to the console (one dict with a learning rate per step)."""
-    return stdout.count("'learning_rate':")
+    """Optimizer steps a run logged to the console (one `step N/M  reward ...` line per step)."""
+    return len(re.findall(r"^step \d+/\d+  reward ", stdout, re.MULTILINE))
 
 
 @pytest.fixture(scope="module")

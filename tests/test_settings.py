@@ -424,12 +424,44 @@ def test_the_help_explains_each_of_the_runs_own_settings(capsys):
 
     from grpo_kit.settings import RunArguments
 
+    for asked in ("--help", "--help-all"):
+        with pytest.raises(SystemExit) as stop:
+            grpo_demo.parse_settings([asked])
+        assert stop.value.code == 0
+        shown = "".join(capsys.readouterr().out.split())  # argparse wraps the lines
+        for setting in fields(RunArguments):
+            assert f"--{setting.name}" in shown and "".join(setting.metadata["help"].split()) in shown, setting.name
+    assert "--tiny_model{qwen2,llama3}" in shown and "--eval_split{test,validation}" in shown  # --help-all's
+
+
+def test_the_help_starts_with_the_settings_people_change_first_and_their_defaults(capsys):
+    from grpo_kit.settings import FIRST_SETTINGS
+
     with pytest.raises(SystemExit):
         grpo_demo.parse_settings(["--help"])
-    shown = "".join(capsys.readouterr().out.split())  # argparse wraps the lines
-    for setting in fields(RunArguments):
-        assert f"--{setting.name}" in shown and "".join(setting.metadata["help"].split()) in shown, setting.name
-    assert "--tiny_model{qwen2,llama3}" in shown and "--eval_split{test,validation}" in shown
+    shown = capsys.readouterr().out
+    first_screen = shown.splitlines()[:50]
+    named = [line.split()[0] for line in first_screen if line.startswith("  --")]
+    assert named[: len(FIRST_SETTINGS)] == [f"--{name}" for name in FIRST_SETTINGS]
+    for default in ("--model_name_or_path [Qwen/Qwen2.5-1.5B-Instruct]", "--learning_rate [5e-06]",
+                    "--num_generations [16]", "--max_completion_length [786]", "--beta [0.0]", "--loss_type [dapo]",
+                    "--output_dir [outputs/Qwen-1.5B-GRPO]", "--report_to [wandb]"):  # fmt: skip
+        assert default in "\n".join(first_screen), default
+    assert len(shown.splitlines()) < 80 and shown.rstrip().endswith(" --help-all")
+    resume = "".join(shown.split("--resume_from_checkpoint", 1)[1].split("--max_steps")[0].split())
+    assert resume.startswith("latest(ortrue):thenewestcompletecheckpoint-Nin--output_dir")
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--demo", "--help"])  # a preset's own defaults
+    assert "--max_steps [40]" in capsys.readouterr().out
+
+
+def test_the_full_help_says_what_resume_checks_and_what_no_final_eval_does(capsys):
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--help-all"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Not directly used by" not in shown.split("--resume_from_checkpoint RESUME_FROM_CHECKPOINT, ")[1][:200]
+    assert "latest (or true): the newest complete checkpoint-N in --output_dir" in shown
+    assert "--no_final_eval, --no-final-eval Skip the baseline and final evaluations (as --final_eval false)" in shown
 
 
 def test_config_as_one_argument_and_twice(tmp_path):

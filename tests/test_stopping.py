@@ -219,7 +219,7 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
     class Measured(Exception):
         pass
 
-    def measure(*args):
+    def measure(*args, **kwargs):
         raise Measured
 
     state = TrainerState(global_step=4, max_steps=10)
