@@ -415,18 +415,16 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     from grpo_kit import RecipeError
-    from grpo_kit.runs import disk_full
+    from grpo_kit.runs import disk_full, resume_command
 
     try:
         main()
     except RecipeError as err:  # a mistake to fix, said as such: no traceback
         sys.exit(str(err))
     except KeyboardInterrupt:
-        print("\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: --resume_from_checkpoint latest")
+        print(f"\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: {resume_command()}")
         sys.exit(130)
     except Exception as err:
         if not disk_full(err):
             raise
-        sys.exit(
-            "The disk is full: free some space, then --resume_from_checkpoint latest (a cut checkpoint is skipped)"
-        )
+        sys.exit(f"The disk is full: free some space, then (a cut checkpoint is skipped): {resume_command()}")

@@ -211,7 +211,7 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
     found = runs.checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
     if found and runs.trains(v) and not v["resume_from_checkpoint"] and output_dir not in own.get("output_dir", ()):
         yield (
-            f"output_dir={output_dir} already holds {found[-1].name}: resume it with --resume_from_checkpoint latest, "
+            f"output_dir={output_dir} already holds {found[-1].name}: resume it ({runs.resume_command()}), "
             "or start a new run with another --output_dir"
         )
 

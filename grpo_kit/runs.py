@@ -98,6 +98,26 @@ def disk_full(err: BaseException) -> bool:
     return False
 
 
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command that continues this run, to print as it stops: this process's own command line (preset, --config
+    and every setting it changed), its --resume_from_checkpoint replaced by `latest`; under a launcher, that launcher's
+    line around it."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    script, args, kept = argv[0], argv[1:], []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--resume_from_checkpoint", "--resume-from-checkpoint"):
+            skip = True
+        elif not arg.startswith(("--resume_from_checkpoint=", "--resume-from-checkpoint=")):
+            kept.append(arg)
+    line = shlex.join([script, *kept, "--resume_from_checkpoint", "latest"])
+    return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
+
+
 def trains(v: dict) -> bool:
     """Whether the settings ask for a training run (not --eval_only, not --ask)."""
     return not (v["eval_only"] or v["ask"] is not None)

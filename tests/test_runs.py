@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
+from conftest import REWARD_NAMES, ROOT, offline_env, run_printed, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
@@ -305,7 +305,7 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     stopped = run_recipe(args, cwd=whole_run, script=script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
     assert stopped.returncode == stopping.EXIT_STOPPED == 75, stopped.stdout[-3000:]
     assert "SIGTERM: finishing step 3 of 6, saving it, then stopping (exit 75)" in stopped.stdout
-    assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. --resume_from_checkpoint latest" in stopped.stdout
+    assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. Continue the run: python " in stopped.stdout
     assert "Traceback" not in stopped.stdout
     # Step 3's checkpoint (save_steps 2 would not have made it), complete; not a finished run; the folder free.
     assert runs.missing_parts(out / "checkpoint-3") == []
@@ -313,7 +313,8 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     assert not (out / "model.safetensors").exists() and not (out / "eval" / "final").exists()
     assert not (out / ".run.lock").exists()
 
-    resumed = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=whole_run)
+    # The printed command, as printed (the run's own settings, resuming from latest)
+    resumed = run_printed(stopped.stdout, "Continue the run: ", whole_run, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "Resuming from outputs/sigterm/checkpoint-3" in resumed.stdout
     assert logged_steps(resumed.stdout) == 3
@@ -705,10 +706,21 @@ def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tm
 # A user without network gets a message, not a traceback
 
 
-def test_an_unreachable_hub_names_the_local_options(tmp_path):
+def test_an_unreachable_hub_names_the_local_options_and_the_commands_run_as_printed(tmp_path):
     result = run_recipe(["--max_steps", "1", "--report_to", "none"], cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stdout
-    assert "--dataset DIR" in result.stdout and "--smoke" in result.stdout
+    script = ROOT / "grpo_demo.py"
+    smoke_line = f"python {script} --smoke (the whole recipe, seconds)"
+    assert "--dataset DIR (a folder with train.jsonl and test.jsonl), or try the recipe on generated problems: " in (
+        result.stdout
+    )
+    # Each printed command, run as printed: --demo's is the one test_demo.py runs whole (a slow, 2-minute run)
+    assert f"{smoke_line} or python {script} --demo (GRPO learning, ~2 min)" in result.stdout
+    smoke = run_printed(
+        result.stdout.replace(" (the whole recipe, seconds) or", "\n"), "generated problems: ", tmp_path
+    )
+    assert smoke.returncode == 0, smoke.stdout[-3000:]
+    assert (tmp_path / "outputs" / "smoke-GRPO" / "model.safetensors").is_file()
 
 
 def test_a_missing_model_offline_is_a_short_message(tmp_path):
