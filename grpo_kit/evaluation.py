@@ -318,6 +318,10 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
     prompt is over --max_prompt_tokens are dropped, as train rows are."""
     tokenizer, limit = trainer.processing_class, run.max_prompt_tokens
     measured = None if test_rows is None else drop_long_prompts(test_rows, tokenizer, limit, run.eval_split)
+    asked = protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else ()
+    if measured is not None and run.final_eval:  # before the first step, not after the last
+        rows = list(islice(measured, run.eval_limit))
+        fit_positions(trainer.model, tokenizer, asked, rows, trainer.args.max_completion_length)
     return AccuracyCallback(
         trainer,
         measured,
@@ -327,7 +331,7 @@ def callback(trainer, test_rows, run, answer_format, train_rows=None) -> Accurac
         subset=run.eval_subset,
         batch_size=run.eval_batch_size,
         limit=run.eval_limit,
-        protocols=protocols(run, answer_format, test_rows, train_rows, training=True) if test_rows else (),
+        protocols=asked,
         sampling=sampling(run, trainer.args),
         split=split_terms(run),
     )
@@ -338,6 +342,7 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
     tokenizer = models.load_tokenizer(model_args, training_args)
     model = models.load_for_inference(model_args, training_args)
     messages = answer_format.chat_prompt(question)
+    print(f"{model_args.model_name_or_path} answers (sampled, seed {training_args.seed}):", flush=True)
     print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
 
 
@@ -355,6 +360,8 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
     drawn = sampling(run, training_args)
     asked = protocols(run, answer_format, test_rows, train_rows, training=False)  # before the weights
     model = None if training_args.use_vllm else models.load_for_inference(model_args, training_args)
+    if model is not None:
+        fit_positions(model, tokenizer, asked, rows, max_new)
     if training_args.use_vllm:
         fits(tokenizer, asked, rows, training_args)
         engine = generation.vllm_engine(
@@ -383,6 +390,23 @@ def evaluate_only(test_rows, train_rows, run, training_args, model_args, answer_
             compare(output_dir, protocol.name)
         summaries.append(summary)
     return summaries
+
+
+def fit_positions(model, tokenizer, protocols, rows, max_new_tokens: int) -> None:
+    """Refuse, before anything is generated, a protocol whose longest prompt and `max_new_tokens` run past the
+    model's trained positions (`max_position_embeddings`): its answers there would be noise, and a score of them a
+    number that does not measure the model."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    too = []
+    for protocol in protocols:
+        prompts = [protocol.prompt(row["question"]) for row in rows]
+        if (longest := too_long(tokenizer, prompts, max_new_tokens, limit)) is not None:
+            too.append(f"{protocol.name} (its longest prompt {longest} tokens + {max_new_tokens} new)")
+    if too:
+        raise RecipeError(
+            f"Cannot measure in {', '.join(too)}: past the model's {limit} positions, where its answers mean "
+            "nothing. Choose another --eval_protocols, or shorten its prompts (fewer shots) or --max_completion_length"
+        )
 
 
 def fits(tokenizer, protocols, rows, training_args) -> None:

@@ -342,7 +342,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
         "dtype": None,
         # TRL's default (True), under transformers' name: its old one, gradient_checkpointing, warns on every run
         "activation_checkpointing": chosen.get("gradient_checkpointing", True),
-        **(presets.defaults(preset, chosen.get("tiny_model")) if preset else {}),
+        # a preset's run of a --config file gets a folder of its own: outputs/demo-gspo-GRPO
+        **(presets.defaults(preset, chosen.get("tiny_model"), config and config.stem) if preset else {}),
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
@@ -363,6 +364,15 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = {key: value for key, value in vars(namespace).items() if key != "config"}
     values.update(presets.keyed(preset, values))  # its assets' folders, of the tags and seed they are built on
+    asks = values["ask"] is not None or values["eval_only"]
+    if asks and "model_name_or_path" not in chosen and (trained := presets.trained_model(preset, values)):
+        values["model_name_or_path"] = trained  # --demo --ask: the model the demo trained, not its start model
+    if asks and preset and "model_name_or_path" not in chosen:
+        logger.info(
+            "--%s %s: %s", preset, "--ask" if values["ask"] is not None else "--eval_only",
+            f"the model --{preset} trained, in {trained}" if trained else
+            f"the start model (no trained one in {values['output_dir']} yet: --{preset} trains it there)",
+        )  # fmt: skip
     own = presets.owned(preset, values)
     model_dir = Path(values["model_name_or_path"]).expanduser()
     own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())

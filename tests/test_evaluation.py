@@ -418,6 +418,9 @@ def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run
     assert kshot["protocol_details"]["shots"] == 3 and kshot["format_rate"] is None
 
 
+SHOTS_2 = ["--eval_shots", "2"]  # two worked examples fit the tiny model's 512 positions; 8 do not
+
+
 def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -441,7 +444,9 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
         grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_limit", "5"])
         assert json.loads((evaluations / "final-2" / "summary.json").read_text())["n"] == 5
         assert json.loads((evaluations / "final" / "summary.json").read_text())["n"] == 32
-        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_protocols", "kshot"])
+        with pytest.raises(RecipeError, match=r"Cannot measure in kshot \(its longest prompt \d+ tokens \+ 48 new\)"):
+            grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_protocols", "kshot"])  # 8
+        grpo_demo.main(["--smoke", "--eval_only", "--model_name_or_path", run, "--eval_protocols", "kshot", *SHOTS_2])
         assert "sampling" not in json.loads((evaluations / "final-kshot-2" / "summary.json").read_text())
         assert "sampling" in json.loads((evaluations / "final-kshot" / "summary.json").read_text())
         assert (evaluations / "comparison-kshot.json").is_file()
@@ -453,7 +458,7 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     tokenizer = AutoTokenizer.from_pretrained(folder / run)
     model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
     expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
-    assert expected and printed == expected + "\n"
+    assert expected and printed == f"{run} answers (sampled, seed 5):\n{expected}\n"
 
 
 def test_eval_only_never_shows_a_test_question_as_a_kshot_example(smoke_run, tmp_path):
