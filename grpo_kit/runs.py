@@ -148,6 +148,7 @@ def claim(output_dir: str | Path) -> Path:
     left by an earlier run of this requeued Slurm job (which may have run on another machine: Slurm ends one run of
     a job before it starts the next), is taken over, saying so; a live one is refused."""
     path = Path(output_dir) / LOCK_NAME
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # the folders this run makes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -180,8 +181,21 @@ def claim(output_dir: str | Path) -> Path:
                 ) from None
             logger.warning("Taking over %s: %s", path, why)
             path.unlink(missing_ok=True)
-    atexit.register(lambda: path.unlink(missing_ok=True) if read_json(path, {}).get("pid") == os.getpid() else None)
+    atexit.register(release, path, made)
     return path
+
+
+def release(lock: Path, made: list[Path]) -> None:
+    """At exit: the lock removed if this process holds it, then each folder `claim` made that is left empty (a run
+    that failed before writing anything leaves no empty outputs/<run>/ behind)."""
+    if read_json(lock, {}).get("pid") != os.getpid():
+        return
+    lock.unlink(missing_ok=True)
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, str | None] | None = None) -> None:

@@ -709,6 +709,7 @@ def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tm
 def test_an_unreachable_hub_names_the_local_options_and_the_commands_run_as_printed(tmp_path):
     result = run_recipe(["--max_steps", "1", "--report_to", "none"], cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stdout
+    assert not (tmp_path / "outputs").exists()  # a run that wrote nothing leaves no empty folder
     script = ROOT / "grpo_demo.py"
     smoke_line = f"python {script} --smoke (the whole recipe, seconds)"
     assert "--dataset DIR (a folder with train.jsonl and test.jsonl), or try the recipe on generated problems: " in (
