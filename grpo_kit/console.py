@@ -61,9 +61,14 @@ def _show(value, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def step_line(step: int, max_steps: int, logs: dict, correct: dict[str, float]) -> str:
+def step_line(step: int, max_steps: int, logs: dict, correct: dict[str, float], rollout: int | None = None) -> str:
     """One logged training step: `step 3/40  reward 1.23  correct 45 %  length 61 (12 % cut)  lr 3e-04  0.9 s/step`.
-    `correct`: {logged reward mean: its full marks} of the correctness rewards (health.reward_roles)."""
+    `correct`: {logged reward mean: its full marks} of the correctness rewards (health.reward_roles). A step that
+    sampled nothing (a generation batch serving several steps, steps_per_generation) names the step that did,
+    `rollout`."""
+    if "reward" not in logs and rollout is not None:
+        trained = f"lr {_show(logs.get('learning_rate'), '.2g')}  {_show(logs.get('step_time'), '.2f')} s/step"
+        return f"step {step}/{max_steps}  on the completions sampled at step {rollout}  {trained}"
     shares = [logs[key] / top for key, top in correct.items() if isinstance(logs.get(key), (int, float))]
     share = 100 * sum(shares) / len(shares) if shares else None
     cut = logs.get("completions/clipped_ratio")
@@ -92,7 +97,7 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
     _wrap_completions_table()
 
     class Console(TrainerCallback):
-        bar = None
+        bar, rollout = None, None  # the bar; the last step that sampled completions
 
         def on_train_begin(self, args, state, control, **kwargs):
             if state.is_world_process_zero:  # a bar in a terminal only: none in a log file
@@ -104,7 +109,9 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and ("loss" in logs or "reward" in logs):
-                tqdm.write(step_line(state.global_step, state.max_steps, logs, correct), file=sys.stdout)
+                self.rollout = state.global_step if "reward" in logs else self.rollout
+                line = step_line(state.global_step, state.max_steps, logs, correct, self.rollout)
+                tqdm.write(line, file=sys.stdout)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.bar is not None:
