@@ -18,6 +18,10 @@ def test_a_logged_step_is_one_line_of_what_a_person_watches():
     assert (
         console.step_line(1, 4, {"loss": 0.0}, CORRECT) == "step 1/4  reward -  correct - %  length -  lr -  - s/step"
     )
+    reused = {"loss": 0.0, "learning_rate": 2.2e-4, "step_time": 0.47}  # steps_per_generation: no rollout this step
+    assert console.step_line(18, 40, reused, CORRECT, rollout=17) == (
+        "step 18/40  on the completions sampled at step 17  lr 0.00022  0.47 s/step"
+    )
 
 
 def test_a_run_opens_with_its_model_objective_precision_and_batch_arithmetic():
