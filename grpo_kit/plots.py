@@ -88,7 +88,7 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
         _grid(ax)
     for ax in fig.get_axes():  # every panel over the whole run: a reward logged last at step 37 ends there, at 37
         if ax.get_visible() and last_step:
-            ax.set_xlim(0, last_step)
+            ax.set_xlim(-0.03 * last_step, 1.03 * last_step)  # a margin: the before/after markers sit at the ends
     settings = ((read_json(output_dir / "run_record.json") or {}).get("settings") or {}).get("training") or {}
     fig.suptitle(title or f"{output_dir.name}: {objective(settings)}", fontsize=12)
     return fig

@@ -194,6 +194,6 @@ def test_the_title_names_the_objective_and_every_panel_spans_the_run(tmp_path):
     (tmp_path / "run_record.json").write_text(json.dumps({"settings": {"training": training}}))
     fig = plots.curves_figure(tmp_path)
     assert fig._suptitle.get_text() == f"{tmp_path.name}: GSPO training (loss grpo, beta 0)"
-    assert {ax.get_xlim() for ax in fig.axes if ax.get_visible()} == {(0.0, 40.0)}
+    assert {ax.get_xlim() for ax in fig.axes if ax.get_visible()} == {(-1.2, 41.2)}  # 0 to 40, a margin
     training = {"loss_type": "dr_grpo", "beta": 0.04, "scale_rewards": "none"}
     assert plots.objective(training) == "GRPO training (loss dr_grpo, beta 0.04, scale_rewards none)"
