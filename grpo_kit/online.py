@@ -83,11 +83,12 @@ def configure_wandb(args) -> None:
     os.environ.setdefault("WANDB_PROJECT", "gsm8k-grpo")
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_DIR", str(Path(args.output_dir).resolve()))  # run files beside the checkpoints
+    why = "wandb is offline"
     if os.environ.get("WANDB_MODE") is None and not has_wandb_credentials():
         os.environ["WANDB_MODE"] = "offline"
-        logger.warning("No wandb credentials found (wandb login, or WANDB_API_KEY): logging offline.")
-    if offline_wandb(args):
-        logger.warning("wandb is offline; upload the run later with: %s", sync_command())
+        why = "No wandb credentials found (wandb login, or WANDB_API_KEY): logging offline"
+    if offline_wandb(args):  # said once here; wandb prints its run's own command as it finishes
+        logger.warning("%s; upload the run later with: %s", why, sync_command())
 
 
 def sync_command() -> str:
@@ -95,7 +96,5 @@ def sync_command() -> str:
 
 
 def finish(trainer) -> None:
-    """Close the trackers (and the process group); repeat how to upload an offline run."""
+    """Close the trackers (and the process group)."""
     trainer.end()
-    if offline_wandb(trainer.args):
-        logger.info("wandb ran offline; upload with: %s", sync_command())
