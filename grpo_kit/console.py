@@ -167,8 +167,9 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
     return "\n".join(lines)
 
 
-def where_written(output_dir: str | Path, saved_model: bool) -> str:
-    """The closing lines: where the model, curves, evaluations, completions and run record are."""
+def where_written(output_dir: str | Path, saved_model: bool, ask: str | None = None) -> str:
+    """The closing lines: where the model, curves, evaluations, completions and run record are; `ask`: the command
+    that asks the saved model a question."""
     folder = Path(output_dir)
     found = [
         ("model", folder if saved_model else None),
@@ -180,4 +181,4 @@ def where_written(output_dir: str | Path, saved_model: bool) -> str:
     ]
     lines = [f"Written to {folder}:"]
     lines += [f"  {name:<12} {path}" for name, path in found if path is not None and Path(path).exists()]
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"Ask it: {ask}"] if ask and saved_model else []))

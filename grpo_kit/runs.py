@@ -118,6 +118,23 @@ def resume_command(argv: list[str] | None = None) -> str:
     return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
 
 
+def ask_command(model_dir: str, question: str, argv: list[str] | None = None) -> str:
+    """The command that asks the model a run saved a question: the run's preset, --config and answer tags (what
+    shapes the prompt), its model folder and the question."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    kept, valued = [], ("--config", "--tiny_model", "--reasoning_tag", "--answer_tag")
+    for i, arg in enumerate(argv[1:], 1):
+        name = arg.split("=", 1)[0]
+        if name in ("--smoke", "--demo"):  # a flag, or a flag and its value (--demo true)
+            alone = "=" in arg or i + 1 >= len(argv) or argv[i + 1].startswith("--")
+            kept += [arg] if alone else argv[i : i + 2]
+        elif name in valued:
+            kept += [arg] if "=" in arg else argv[i : i + 2]
+    return "python " + shlex.join([argv[0], *kept, "--model_name_or_path", str(model_dir), "--ask", question])
+
+
 def trains(v: dict) -> bool:
     """Whether the settings ask for a training run (not --eval_only, not --ask)."""
     return not (v["eval_only"] or v["ask"] is not None)

@@ -78,3 +78,16 @@ def test_only_the_named_library_lines_are_filtered():
     finally:
         trainer_log.removeHandler(kept)
     assert kept.said == ["There were missing keys in the checkpoint model loaded: ['model.norm.weight']."]
+
+
+def test_the_ask_hint_keeps_what_shapes_the_prompt_and_names_the_saved_model():
+    from grpo_kit.runs import ask_command
+
+    argv = ["grpo_demo.py", "--demo", "--seed", "3", "--reasoning_tag", "think", "--config", "c.yaml", "--max_steps=9"]
+    assert ask_command("outputs/demo-c-GRPO", "What is 2 + 2?", argv) == (
+        "python grpo_demo.py --demo --reasoning_tag think --config c.yaml --model_name_or_path outputs/demo-c-GRPO "
+        "--ask 'What is 2 + 2?'"
+    )
+    assert ask_command("out", "Q?", ["grpo_demo.py", "--smoke", "true", "--tiny_model=llama3"]) == (
+        "python grpo_demo.py --smoke true --tiny_model=llama3 --model_name_or_path out --ask 'Q?'"
+    )

@@ -68,7 +68,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
 def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke_run):
     """What `--smoke` prints, in at most 60 lines: its settings, a line per step, the comparison table with the paired
     verdict, the health line and where each thing was written; no completions table, no library warning."""
-    _, out, stdout = smoke_run
+    folder, out, stdout = smoke_run
     lines = stdout.splitlines()
     assert len(lines) <= 60, f"{len(lines)} lines"
     assert "GRPO on GSM8K: outputs/smoke-assets/tiny-qwen2 -> outputs/smoke-GRPO" in lines
@@ -81,6 +81,12 @@ def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke
     for name, path in (("model", ""), ("curves", "/curves.png"), ("completions", "/completions")):
         assert f"  {name:<12} outputs/smoke-GRPO{path}" in lines, name
     assert not [line for line in lines if "Warning" in line or "┃" in line or "{'loss'" in line or "%|" in line]
+    assert stdout.count("wandb sync ") == 2  # said once at the start, and by wandb as it finishes
+    # The closing hint, run as printed: the trained model answers a held-out question
+    asked = run_printed(stdout, "Ask it: ", folder)
+    assert asked.returncode == 0, asked.stdout[-3000:]
+    assert "outputs/smoke-GRPO answers (sampled, seed 42):" in asked.stdout
+    assert "The Hugging Face Hub cannot be reached" not in asked.stdout  # a local model: the Hub is not asked
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
