@@ -920,3 +920,23 @@ def test_a_null_in_a_config_files_env_leaves_the_variable_as_the_shell_has_it(tm
     (tmp_path / "c.yaml").write_text("env:\n  WANDB_TAGS: null\n")
     settings.read_config(["--config", str(tmp_path / "c.yaml")])
     assert os.environ["WANDB_TAGS"] == "from-the-shell"  # not the text "None"
+
+
+def test_every_readme_section_the_files_point_to_exists():
+    """`README "On a GPU"` in requirements-gpu.txt, `README, "GPU memory"` in the recipe...: each names a heading."""
+    headings = [
+        line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("#")
+    ]
+    files = [
+        ROOT / "grpo_demo.py",
+        *ROOT.glob("requirements*.txt"),
+        *ROOT.glob("configs/*.yaml"),
+        *ROOT.glob("grpo_kit/*.py"),
+    ]
+    pointer = re.compile(r'README(?:\.md)?(?:,|:|\'s)? "([^"]+)"')
+    pointers = [(path.name, name) for path in files for name in pointer.findall(path.read_text(encoding="utf-8"))]
+    assert ("requirements-gpu.txt", "On a GPU") in pointers
+    for where, name in pointers:
+        assert any(name in heading for heading in headings), f'{where}: README "{name}" is no heading'
+    for link in re.findall(r"\]\((docs/[^)#]+)\)", (ROOT / "README.md").read_text()):
+        assert (ROOT / link).is_file(), link
