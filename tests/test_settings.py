@@ -643,7 +643,8 @@ def test_resuming_another_folders_checkpoint_compares_with_that_run(tmp_path):
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
     fake_checkpoint(tmp_path / "run" / "checkpoint-300")
     message = refused(["--output_dir", str(tmp_path / "run")])
-    assert "already holds checkpoint-300: resume it with --resume_from_checkpoint latest" in message
+    assert "already holds checkpoint-300: resume it (python " in message  # this command, resuming from latest
+    assert " --resume_from_checkpoint latest), or start a new run" in message
     assert "or start a new run with another --output_dir" in message
     chosen = resolved(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest"])
     assert chosen.resume_from_checkpoint == str(tmp_path / "run" / "checkpoint-300")  # the newest, found
