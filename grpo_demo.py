@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     run, training_args, model_args = parse_settings(argv)  # first: checked, a --config's env: set, before any import
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    from grpo_kit import checks, data, evaluation, health, models, online, plots, presets, runs, stopping
+    from grpo_kit import checks, console, data, evaluation, health, models, online, plots, presets, runs, stopping
 
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
     fmt, rewards = answer_format(tags), reward_funcs(tags)
@@ -391,19 +391,24 @@ def main(argv: list[str] | None = None) -> None:
     accuracy = evaluation.callback(trainer, measured, run, fmt)  # before, during and after training
     trainer.add_callback(accuracy)
     watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen
+    console.install(trainer, watcher.watcher.correct, run.show_completions)  # one bar, a line per logged step
     runs.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
+    if trainer.accelerator.is_main_process:
+        print(console.settings_summary(run, training_args, model_args, len(train)), flush=True)
 
     # 3. train (from the last checkpoint when resuming), 4. save every logged metric and the model. SIGTERM, SIGUSR1
     # (a scheduler's warning before a time limit or preemption) and Ctrl-C stop it after the step in progress, saved.
     with stopping.on_signals(trainer) as signals:
         if not accuracy.finish_last_step(signals):  # resumed at the last step: the final evaluation, no step more
             trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        if not (watcher.stopped or signals.stopped):  # a stopped run's checkpoint holds its weights: no final model
+        saved = not (watcher.stopped or signals.stopped)  # a stopped run's checkpoint holds its weights: no model
+        if saved:
             trainer.save_model(training_args.output_dir)
-            logger.info("Model saved to %s", training_args.output_dir)
         trainer.save_state()
         if trainer.accelerator.is_main_process:
             plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
+            ask = runs.ask_command(training_args.output_dir, measured[0]["question"]) if measured else None
+            print(console.where_written(training_args.output_dir, saved, ask), flush=True)
         # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
         # one may still be writing the state and curves.
         trainer.accelerator.wait_for_everyone()
@@ -414,18 +419,16 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     from grpo_kit import RecipeError
-    from grpo_kit.runs import disk_full
+    from grpo_kit.runs import disk_full, resume_command
 
     try:
         main()
     except RecipeError as err:  # a mistake to fix, said as such: no traceback
         sys.exit(str(err))
     except KeyboardInterrupt:
-        print("\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: --resume_from_checkpoint latest")
+        print(f"\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: {resume_command()}")
         sys.exit(130)
     except Exception as err:
         if not disk_full(err):
             raise
-        sys.exit(
-            "The disk is full: free some space, then --resume_from_checkpoint latest (a cut checkpoint is skipped)"
-        )
+        sys.exit(f"The disk is full: free some space, then (a cut checkpoint is skipped): {resume_command()}")

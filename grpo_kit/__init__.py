@@ -16,6 +16,9 @@ what it needs of it (the answer format, the rewards, the defaults) is passed in.
 
 The kit raises `RecipeError` for what a user can fix; only the entry points turn it into a message and an exit code."""
 
+import shlex
+import sys
+
 
 class RecipeError(Exception):
     """A problem the user can fix, its message saying how; `problems`: several under one heading, a line each."""
@@ -23,3 +26,9 @@ class RecipeError(Exception):
     def __init__(self, message: str, problems: list[str] | tuple[str, ...] = ()):
         self.problems = list(problems)
         super().__init__(message + "".join(f"\n  - {problem}" for problem in self.problems))
+
+
+def offline_commands() -> str:
+    """The two runs that need no Hub, as commands this process's recipe runs as pasted (`python <script> --smoke`)."""
+    script = shlex.quote(sys.argv[0] or "grpo_demo.py")
+    return f"python {script} --smoke (the whole recipe, seconds) or python {script} --demo (GRPO learning, ~2 min)"

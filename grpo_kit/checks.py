@@ -211,7 +211,7 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
     found = runs.checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
     if found and runs.trains(v) and not v["resume_from_checkpoint"] and output_dir not in own.get("output_dir", ()):
         yield (
-            f"output_dir={output_dir} already holds {found[-1].name}: resume it with --resume_from_checkpoint latest, "
+            f"output_dir={output_dir} already holds {found[-1].name}: resume it ({runs.resume_command()}), "
             "or start a new run with another --output_dir"
         )
 
@@ -442,7 +442,7 @@ def before_the_weights(train, run, model_args, training_args) -> None:
     """Refuse, before the weights load, a run that could not train what it says it trains."""
     enough_data(train, training_args)
     runs.same_data(train, run, training_args)
-    model_and_disk(model_args, training_args, run.max_prompt_tokens)
+    model_and_disk(model_args, training_args, run.max_prompt_tokens, run.memory_plan)
 
 
 def enough_data(train, training_args) -> None:
@@ -456,7 +456,7 @@ def enough_data(train, training_args) -> None:
         )
 
 
-def model_and_disk(model_args, training_args, prompt_tokens: int = 256) -> None:
+def model_and_disk(model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True) -> None:
     """What the model's config (a few KB, no weights) can tell before the weights load: that LoRA's target modules
     exist in the model, and that the disk holds a checkpoint. Stops with a message otherwise."""
     import torch
@@ -474,7 +474,8 @@ def model_and_disk(model_args, training_args, prompt_tokens: int = 256) -> None:
     if model_args.use_peft and isinstance(targets, list) and (unknown := [t for t in targets if t not in modules]):
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
         raise RecipeError(f"lora_target_modules: {name} has no {unknown}; its linear layers are {linear}")
-    memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
+    if plan_memory:
+        memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
     # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.
     checkpoint = 2 * 2**30 if model_args.use_peft else sum(p.numel() for p in skeleton.parameters()) * (4 + 8)
     folder = Path(training_args.output_dir)
@@ -649,7 +650,7 @@ def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int 
     raise RecipeError(
         f"{model_args.model_name_or_path} ({shape['parameters'] / 1e9:.2f} B parameters) would need ~{_gib(total)} "
         f"per GPU here ({_parts(parts)}), and the GPU has {_gib(gpu)}: it would run out of memory. What fits, "
-        f"estimated: {listed}. (The estimate is docs/memory.md's.)"
+        f"estimated: {listed}. (The estimate is docs/memory.md's, within ~20 %: --memory_plan false loads anyway.)"
     )
 
 

@@ -7,7 +7,7 @@ import logging
 import random
 from pathlib import Path
 
-from grpo_kit import RecipeError
+from grpo_kit import RecipeError, offline_commands
 
 logger = logging.getLogger("grpo_demo")
 
@@ -80,7 +80,7 @@ def load_split(split: str, dataset_dir: str | None, hub_name: str, hub_config: s
         raise RecipeError(
             f"Could not load {hub_name} ({type(err).__name__}: {str(err)[:200]}).\n"
             "Offline? Use a local copy: --dataset DIR (a folder with train.jsonl and test.jsonl), "
-            "or try the whole recipe on generated problems: --smoke"
+            f"or try the recipe on generated problems: {offline_commands()}"
         ) from None
     return list(enumerate(data)), {}, f"{hub_name} {split} rows"
 

@@ -40,12 +40,12 @@ def shard(n: int, index: int, count: int) -> tuple[list[int], int]:
     return own + [own[-1] if own else 0] * (-(-n // count) - len(own)), len(own)
 
 
-def generate_collectively(model, tokenizer, prompts: list, generate, desc: str, **settings):
+def generate_collectively(model, tokenizer, prompts: list, generate, desc: str, progress: bool = True, **settings):
     """`generate(model, tokenizer, prompts, desc=, progress=, **settings)` (`generation.generate_greedy` or
     `generate_samples`) of `prompts` in input order, run by every process on its share and gathered."""
     state = PartialState()
     indices, own = shard(len(prompts), state.process_index, state.num_processes)
-    shown = dict(desc=desc, progress=state.is_main_process)
+    shown = dict(desc=desc, progress=progress and state.is_main_process)
     generations = generate(model, tokenizer, [prompts[i] for i in indices], **shown, **settings)
     mine = list(zip(indices[:own], generations[:own], strict=True))
     by_index = dict(gather_object(mine) if state.num_processes > 1 else mine)
@@ -66,6 +66,7 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     desc: str = "GSM8K",
+    progress: bool = True,
     vllm: tuple[list[Generation], list[list[Generation]] | None] | None = None,
 ) -> tuple[dict, list[dict]]:
     """Accuracy on `rows` (the recipe's: `question`, `prompt`, `answer`) under `protocol` (default: the recipe's):
@@ -81,12 +82,12 @@ def evaluate(
     if vllm is None:
         warn_if_past_positions(model, tokenizer, prompts, max_new_tokens)
         lengths = dict(max_new_tokens=max_new_tokens, batch_size=batch_size)
-        generations = generate_collectively(model, tokenizer, prompts, generate_greedy, desc, **lengths)
+        generations = generate_collectively(model, tokenizer, prompts, generate_greedy, desc, progress, **lengths)
         if samples > 0:
             own_seed = seed + PartialState().process_index  # each process samples its own share
             drawn = dict(samples=samples, temperature=temperature, seed=own_seed, **lengths)
             shown = f"{desc}, {samples} samples"
-            sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, **drawn)
+            sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, progress, **drawn)
     seconds = time.perf_counter() - started
 
     def scored(g: Generation, gold: str) -> dict:
@@ -177,7 +178,9 @@ class AccuracyCallback(TrainerCallback):
         self.dataset, self.harness = dataset, harness_settings  # lm-eval's data (--dataset) and settings
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
 
-    def measure(self, rows, model_name: str, desc: str, protocol=None, sampling=None) -> tuple[dict, list[dict]]:
+    def measure(
+        self, rows, model_name: str, desc: str, protocol=None, sampling=None, progress: bool = True
+    ) -> tuple[dict, list[dict]]:
         from trl.models import unwrap_model_for_generation
 
         trainer, args = self.trainer, self.trainer.args
@@ -187,7 +190,7 @@ class AccuracyCallback(TrainerCallback):
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         )
-        settings = dict(model_name=model_name, protocol=protocol, desc=desc, **(sampling or {}))
+        settings = dict(model_name=model_name, protocol=protocol, desc=desc, progress=progress, **(sampling or {}))
         settings.update(max_new_tokens=args.max_completion_length, batch_size=self.batch_size)
         with unwrapped as model, trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext():
             result = evaluate(model, trainer.processing_class, rows, self.answer_format, **settings)
@@ -231,7 +234,7 @@ class AccuracyCallback(TrainerCallback):
                 summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
             summary |= self.split | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
-                write_report(self.trainer.args.output_dir, name, summary, records)
+                write_report(self.trainer.args.output_dir, name, summary, records, table=False)
             first = records if first is None else first
         return first
 
@@ -252,7 +255,7 @@ class AccuracyCallback(TrainerCallback):
             subset = (
                 records[: len(self.subset)]
                 if records
-                else self.measure(self.subset, self.start_model, "accuracy at step 0")[1]
+                else self.measure(self.subset, self.start_model, "accuracy at step 0", progress=False)[1]
             )
             self.log_subset(summarize(subset), control)
 
@@ -261,7 +264,8 @@ class AccuracyCallback(TrainerCallback):
             return
         if control.should_training_stop and state.global_step < state.max_steps:
             return  # stopping early (grpo_kit/stopping.py): the checkpoint first, as a scheduler's grace is short
-        summary, _ = self.measure(self.subset, args.output_dir, f"accuracy at step {state.global_step}")
+        desc = f"accuracy at step {state.global_step}"
+        summary, _ = self.measure(self.subset, args.output_dir, desc, progress=False)  # the training bar's the one
         accuracy = [100 * summary[f"accuracy_{verdict}"] for verdict in ("strict", "lenient")]
         message = "Step %d: GSM8K accuracy %.1f %% strict, %.1f %% lenient on %d questions"
         logger.info(message, state.global_step, *accuracy, summary["n"])
@@ -337,6 +341,11 @@ def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
     prompt is over --max_prompt_tokens are dropped, as train rows are."""
     tokenizer, limit = trainer.processing_class, run.max_prompt_tokens
     measured = None if test_rows is None else drop_long_prompts(test_rows, tokenizer, limit, run.eval_split)
+    asked = protocols(run, answer_format, training=True) if test_rows else ()
+    ours = [p for p in asked if not isinstance(p, harness.Harness)]  # lm-eval's tasks: lm-eval's own prompts
+    if measured is not None and run.final_eval:  # before the first step, not after the last
+        rows = list(islice(measured, run.eval_limit))
+        fit_positions(trainer.model, tokenizer, ours, rows, trainer.args.max_completion_length)
     return AccuracyCallback(
         trainer,
         measured,
@@ -346,7 +355,7 @@ def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
         subset=run.eval_subset,
         batch_size=run.eval_batch_size,
         limit=run.eval_limit,
-        protocols=protocols(run, answer_format, training=True) if test_rows else (),
+        protocols=asked,
         sampling=sampling(run, trainer.args),
         split=split_terms(run),
         dataset=run.dataset,
@@ -359,6 +368,7 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
     tokenizer = models.load_tokenizer(model_args, training_args)
     model = models.load_for_inference(model_args, training_args)
     messages = answer_format.chat_prompt(question)
+    print(f"{model_args.model_name_or_path} answers (sampled, seed {training_args.seed}):", flush=True)
     print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
 
 
@@ -378,6 +388,8 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     asked = protocols(run, answer_format, training=False)  # before the weights
     ours = [p for p in asked if not isinstance(p, harness.Harness)]  # lm-eval loads the model itself for its tasks
     model = None if training_args.use_vllm or not ours else models.load_for_inference(model_args, training_args)
+    if model is not None:
+        fit_positions(model, tokenizer, ours, rows, max_new)
     if training_args.use_vllm and ours:
         fits(tokenizer, ours, rows, training_args)
         engine = generation.vllm_engine(
@@ -436,6 +448,23 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool) ->
         write_report(output_dir, name, summary, records)
         compare(output_dir, protocol.name)
     return summary
+
+
+def fit_positions(model, tokenizer, protocols, rows, max_new_tokens: int) -> None:
+    """Refuse, before anything is generated, a protocol whose longest prompt and `max_new_tokens` run past the
+    model's trained positions (`max_position_embeddings`): its answers there would be noise, and a score of them a
+    number that does not measure the model."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    too = []
+    for protocol in protocols:
+        prompts = [protocol.prompt(row["question"]) for row in rows]
+        if (longest := too_long(tokenizer, prompts, max_new_tokens, limit)) is not None:
+            too.append(f"{protocol.name} (its longest prompt {longest} tokens + {max_new_tokens} new)")
+    if too:
+        raise RecipeError(
+            f"Cannot measure in {', '.join(too)}: past the model's {limit} positions, where its answers mean "
+            "nothing. Choose another --eval_protocols, or shorten its prompts (fewer shots) or --max_completion_length"
+        )
 
 
 def fits(tokenizer, protocols, rows, training_args) -> None:

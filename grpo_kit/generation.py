@@ -115,7 +115,8 @@ def _batched(model, tokenizer, prompts, per_batch, copies, max_new_tokens, gener
     was_training = model.training
     model.eval()
     try:
-        bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=not progress)
+        # a bar in a terminal only (disable=None): a log file gets no carriage-return frames
+        bar = tqdm(total=len(encoded), desc=desc, unit="q", leave=False, disable=None if progress else True)
         # not inference_mode: a buffer made here may meet autograd when training resumes
         with torch.no_grad(), bar, own_generation_config(model, stops, pad):
             for start in range(0, len(order), per_batch):

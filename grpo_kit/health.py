@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from grpo_kit import runs
 from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
 
 logger = logging.getLogger("grpo_demo")
@@ -324,7 +325,7 @@ class Watcher:
         lr, clip = self.args.learning_rate, self.args.max_grad_norm
         lower = f"--learning_rate {lr / 10:g} (now {lr:g})" if lr else "a lower --learning_rate"
         return (
-            "--resume_from_checkpoint latest goes on past the step (a passing bad batch may not return); if it "
+            f"{runs.resume_command()} goes on past the step (a passing bad batch may not return); if it "
             f"recurs, a new run with {lower} and --max_grad_norm above 0 (now {clip}); a reward function that "
             "returns NaN shows as its rewards/<name>/mean"
         )

@@ -7,7 +7,7 @@ import os
 from functools import partial
 from importlib import metadata
 
-from grpo_kit import RecipeError
+from grpo_kit import RecipeError, offline_commands
 
 logger = logging.getLogger("grpo_demo")
 
@@ -112,7 +112,7 @@ def load_tokenizer(model_args, training_args):
     except (OSError, ValueError) as err:  # not on disk, not cached, Hub unreachable or gated; a folder without one
         raise RecipeError(
             f"Could not load the model {name!r} ({str(err).splitlines()[0][:200]}).\n"
-            "Offline? Point --model_name_or_path at a local folder, or try the recipe offline: --smoke. "
+            f"Offline? Point --model_name_or_path at a local folder, or try the recipe offline: {offline_commands()}. "
             "Gated (Llama)? Accept the licence on the Hub and run `hf auth login`."
         ) from None
     if not tokenizer.chat_template:  # a base model: apply_chat_template would raise in data prep or evaluation

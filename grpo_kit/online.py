@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from grpo_kit import RecipeError
+from grpo_kit import RecipeError, offline_commands
 
 logger = logging.getLogger("grpo_demo")
 
@@ -35,7 +35,12 @@ def go_offline_if_unreachable(values: dict) -> bool:
 def _unreachable(values: dict, pushes: bool) -> bool:
     import huggingface_hub.constants
 
-    if Path(values["model_name_or_path"]).expanduser().is_dir() and values["dataset"] and not pushes:
+    needs_data = values.get("ask") is None  # --ask reads its model alone
+    if (
+        Path(values["model_name_or_path"]).expanduser().is_dir()
+        and (values["dataset"] or not needs_data)
+        and not pushes
+    ):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
@@ -44,7 +49,8 @@ def _unreachable(values: dict, pushes: bool) -> bool:
     except OSError:
         logger.warning(
             "The Hugging Face Hub cannot be reached: working offline, from the local cache and folders only "
-            "(--dataset DIR and a local --model_name_or_path work without it)"
+            "(--dataset DIR and a local --model_name_or_path work without it; so do %s)",
+            offline_commands(),
         )
     # This process and its children read the cache only; the libraries read the flag at import: set theirs too.
     import datasets.config
@@ -77,11 +83,12 @@ def configure_wandb(args) -> None:
     os.environ.setdefault("WANDB_PROJECT", "gsm8k-grpo")
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_DIR", str(Path(args.output_dir).resolve()))  # run files beside the checkpoints
+    why = "wandb is offline"
     if os.environ.get("WANDB_MODE") is None and not has_wandb_credentials():
         os.environ["WANDB_MODE"] = "offline"
-        logger.warning("No wandb credentials found (wandb login, or WANDB_API_KEY): logging offline.")
-    if offline_wandb(args):
-        logger.warning("wandb is offline; upload the run later with: %s", sync_command())
+        why = "No wandb credentials found (wandb login, or WANDB_API_KEY): logging offline"
+    if offline_wandb(args):  # said once here; wandb prints its run's own command as it finishes
+        logger.warning("%s; upload the run later with: %s", why, sync_command())
 
 
 def sync_command() -> str:
@@ -89,7 +96,5 @@ def sync_command() -> str:
 
 
 def finish(trainer) -> None:
-    """Close the trackers (and the process group); repeat how to upload an offline run."""
+    """Close the trackers (and the process group)."""
     trainer.end()
-    if offline_wandb(trainer.args):
-        logger.info("wandb ran offline; upload with: %s", sync_command())

@@ -52,7 +52,7 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
     except Exception as err:  # noqa: BLE001 - any failure to draw is reported, never raised
         logger.warning("No curves.png in %s: drawing failed (%s: %s)", output_dir, type(err).__name__, err)
         return None
-    logger.info("Curves drawn in %s", path)
+    logger.debug("Curves drawn in %s", path)  # the run's closing lines name it
     return path
 
 
@@ -86,8 +86,24 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
         else:
             _plot_accuracy(ax, measured, before, after, last_step)
         _grid(ax)
-    fig.suptitle(title or f"{output_dir.name}: GRPO training", fontsize=12)
+    for ax in fig.get_axes():  # every panel over the whole run: a reward logged last at step 37 ends there, at 37
+        if ax.get_visible() and last_step:
+            ax.set_xlim(-0.03 * last_step, 1.03 * last_step)  # a margin: the before/after markers sit at the ends
+    settings = ((read_json(output_dir / "run_record.json") or {}).get("settings") or {}).get("training") or {}
+    fig.suptitle(title or f"{output_dir.name}: {objective(settings)}", fontsize=12)
     return fig
+
+
+def objective(training: dict) -> str:
+    """What the run trained, from its recorded settings: `GSPO (loss grpo, beta 0)`, `GRPO (loss dapo, beta 0)`."""
+    if not training:
+        return "GRPO training"
+    name = "GSPO" if training.get("importance_sampling_level") == "sequence" else "GRPO"
+    name += ", GDPO's normalise-then-sum" if training.get("multi_objective_aggregation") == "normalize_then_sum" else ""
+    terms = [f"loss {training.get('loss_type')}", f"beta {training.get('beta') or 0:g}"]
+    if (scale := training.get("scale_rewards")) not in (None, "group"):
+        terms.append(f"scale_rewards {scale}")
+    return f"{name} training ({', '.join(terms)})"
 
 
 def _plot_smoothed(ax, steps: list[dict], key: str, label: str, color: str) -> tuple[int, list[float]]:

@@ -4,6 +4,9 @@ building their assets (`prepare`) in the recipe's own answer format before anyth
 assets are its module's (`smoke`, `demo`): `MODEL_DIRS` (its tiny model of each kind, `smoke.TINY_MODELS`, chosen
 by `--tiny_model`), `DATA_DIR` (its generated problems) and `prepare`."""
 
+import re
+from pathlib import Path
+
 from grpo_kit import RecipeError, demo, runs, smoke
 
 # What both presets set: nothing to report to, fp32 on a CPU, one micro-step per optimizer step, a short sample.
@@ -20,6 +23,9 @@ SETTINGS = {
         save_steps=2,
         eval_every_steps=2,
         eval_subset=8,
+        # Its model has random weights: it never ends a completion, so every one is cut at 48 tokens, by design. The
+        # truncation check would say so at every run, a finding on the preset's own settings.
+        health_checks_off=["truncation"],
     ),
     "demo": dict(
         OFFLINE,
@@ -45,15 +51,29 @@ def chosen(values: dict) -> str | None:
     return names[0] if names else None
 
 
-def defaults(preset: str, tiny_model: str | None = None) -> dict:
+def defaults(preset: str, tiny_model: str | None = None, variant: str | None = None) -> dict:
     """The preset's settings with its tiny model of kind `tiny_model`: that model's folder, and an output folder and
-    run name that name the kind unless it is the default one (`outputs/demo-GRPO`, `outputs/demo-llama3-GRPO`), so
-    that a run of one kind never clears the other's."""
+    run name that name the kind unless it is the default one (`outputs/demo-GRPO`, `outputs/demo-llama3-GRPO`), and
+    the `variant` (a --config file's name: `outputs/demo-gspo-GRPO`), so that a run of one kind or objective never
+    clears another's."""
     kinds = smoke.TINY_MODELS
     kind = tiny_model if tiny_model in kinds else kinds[0]  # another value is refused by the parser, with the choices
-    name = preset + ("" if kind == kinds[0] else f"-{kind}")
+    name = preset + ("" if kind == kinds[0] else f"-{kind}") + (f"-{variant}" if variant else "")
     own = {"output_dir": f"outputs/{name}-GRPO", "run_name": f"{name}-GRPO-generated"}
     return {**SETTINGS[preset], "model_name_or_path": ASSETS[preset].MODEL_DIRS[kind], **own}
+
+
+def variant_folder(preset: str | None, output_dir: str) -> bool:
+    """Whether `output_dir` is one `defaults` names for a preset's run of a --config (`outputs/demo-gspo-GRPO`)."""
+    kinds = "|".join(smoke.TINY_MODELS[1:])
+    return bool(preset and re.fullmatch(rf"outputs/{preset}(-({kinds}))?-[\w.]+-GRPO", output_dir or ""))
+
+
+def trained_model(preset: str | None, values: dict) -> str | None:
+    """The model the preset's own training run saved in its output folder (a finished run), None where there is none."""
+    folder = Path(values.get("output_dir") or "")
+    finished = (folder / "trainer_state.json").is_file() and runs.weight_files(folder)
+    return str(folder) if preset and finished else None
 
 
 def keyed(preset: str | None, values: dict) -> dict:
@@ -74,6 +94,8 @@ def owned(preset: str | None, values: dict | None = None) -> dict[str, list]:
     `values` (`keyed`)} (model_name_or_path, dataset, output_dir): paths that need not exist before the preset's run."""
     settings = [defaults(preset, kind) for kind in smoke.TINY_MODELS if preset]  # none for a real run
     found = {key: [d[key] for d in settings] for key in ("model_name_or_path", "dataset", "output_dir")}
+    if preset and values and variant_folder(preset, values.get("output_dir")):
+        found["output_dir"].append(values["output_dir"])
     if preset and values:
         for key, path in keyed(preset, {**values, **defaults(preset, values.get("tiny_model"))}).items():
             found[key].append(path)
@@ -95,7 +117,8 @@ def prepare(run, training_args, model_args, answer_format) -> None:
     fresh = not (run.eval_only or run.ask or training_args.resume_from_checkpoint)  # a new training run
     with training_args.main_process_first(local=False, desc="preset assets"):
         if training_args.process_index == 0:
-            if fresh and training_args.output_dir in owned(preset)["output_dir"]:
+            mine = training_args.output_dir in owned(preset)["output_dir"]
+            if fresh and (mine or variant_folder(preset, training_args.output_dir)):
                 reads = {"model_name_or_path": model_args.model_name_or_path, "dataset": run.dataset}
                 runs.clear_preset_folder(training_args.output_dir, preset, reads)
             seed = getattr(ASSETS[preset], "ASSETS_SEED", training_args.seed)  # the demo's start model: one for all

@@ -128,8 +128,9 @@ def _rows(summary: dict) -> dict[str, tuple[str, object, bool, list | None]]:
     return {key: row for key, row in rows.items() if row[1] is not None}
 
 
-def write_report(output_dir: str | Path, name: str, summary: dict, records: list[dict]) -> Path:
-    """`eval/<name>/summary.json` and `completions.jsonl` (one record a line) in `output_dir`; prints a table."""
+def write_report(output_dir: str | Path, name: str, summary: dict, records: list[dict], table: bool = True) -> Path:
+    """`eval/<name>/summary.json` and `completions.jsonl` (one record a line) in `output_dir`; prints a table, or
+    with `table` false (a training run's, whose comparison prints the table at its end) one line."""
     folder = eval_dir(output_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
@@ -139,6 +140,10 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
         part.replace(folder / file)
     protocol = _term(summary, "protocol") + " protocol"
     protocol += ", validation split (held out of train)" if summary.get("split") == "validation" else ""
+    if not table:
+        rates = ", ".join(f"{100 * summary[f'accuracy_{v}']:.1f} % {v}" for v in ("strict", "lenient"))
+        logger.info("GSM8K %s (%s, %d questions): %s, written to %s", name, protocol, summary["n"], rates, folder)
+        return folder
     lines = [
         f"GSM8K {name}: {summary['model']}, {protocol}, {summary['n']} questions, {summary['seconds']} s",
         "| metric | value [95 % interval] |",

@@ -98,6 +98,43 @@ def disk_full(err: BaseException) -> bool:
     return False
 
 
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command that continues this run, to print as it stops: this process's own command line (preset, --config
+    and every setting it changed), its --resume_from_checkpoint replaced by `latest`; under a launcher, that launcher's
+    line around it."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    script, args, kept = argv[0], argv[1:], []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--resume_from_checkpoint", "--resume-from-checkpoint"):
+            skip = True
+        elif not arg.startswith(("--resume_from_checkpoint=", "--resume-from-checkpoint=")):
+            kept.append(arg)
+    line = shlex.join([script, *kept, "--resume_from_checkpoint", "latest"])
+    return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
+
+
+def ask_command(model_dir: str, question: str, argv: list[str] | None = None) -> str:
+    """The command that asks the model a run saved a question: the run's preset, --config and answer tags (what
+    shapes the prompt), its model folder and the question."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    kept, valued = [], ("--config", "--tiny_model", "--reasoning_tag", "--answer_tag")
+    for i, arg in enumerate(argv[1:], 1):
+        name = arg.split("=", 1)[0]
+        if name in ("--smoke", "--demo"):  # a flag, or a flag and its value (--demo true)
+            alone = "=" in arg or i + 1 >= len(argv) or argv[i + 1].startswith("--")
+            kept += [arg] if alone else argv[i : i + 2]
+        elif name in valued:
+            kept += [arg] if "=" in arg else argv[i : i + 2]
+    return "python " + shlex.join([argv[0], *kept, "--model_name_or_path", str(model_dir), "--ask", question])
+
+
 def trains(v: dict) -> bool:
     """Whether the settings ask for a training run (not --eval_only, not --ask)."""
     return not (v["eval_only"] or v["ask"] is not None)
@@ -128,6 +165,7 @@ def claim(output_dir: str | Path) -> Path:
     left by an earlier run of this requeued Slurm job (which may have run on another machine: Slurm ends one run of
     a job before it starts the next), is taken over, saying so; a live one is refused."""
     path = Path(output_dir) / LOCK_NAME
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # the folders this run makes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -160,8 +198,21 @@ def claim(output_dir: str | Path) -> Path:
                 ) from None
             logger.warning("Taking over %s: %s", path, why)
             path.unlink(missing_ok=True)
-    atexit.register(lambda: path.unlink(missing_ok=True) if read_json(path, {}).get("pid") == os.getpid() else None)
+    atexit.register(release, path, made)
     return path
+
+
+def release(lock: Path, made: list[Path]) -> None:
+    """At exit: the lock removed if this process holds it, then each folder `claim` made that is left empty (a run
+    that failed before writing anything leaves no empty outputs/<run>/ behind)."""
+    if read_json(lock, {}).get("pid") != os.getpid():
+        return
+    lock.unlink(missing_ok=True)
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, str | None] | None = None) -> None:

@@ -7,6 +7,7 @@ variables of `runs.CONFIG_ENV` alone, before the libraries that read them are im
 once: the recipe's constants, passed in."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_kit import RecipeError, checks, models, online, presets, runs
+from grpo_kit import RecipeError, checks, console, models, online, presets, runs
 from grpo_kit.smoke import TINY_MODELS
 
 logger = logging.getLogger("grpo_demo")
@@ -95,6 +96,9 @@ class RunArguments:
     eval_samples: int = _option(0, "Samples per question for pass@k and maj@k, beside greedy accuracy; 0: off")
     eval_temperature: float | None = _option(None, "The temperature of eval_samples; default: the training temperature")
     ask: str | None = _option(None, "Print a sampled answer of --model_name_or_path to this question and exit")
+    show_completions: bool = _option(
+        False, "Print the sampled completions table at each logged step (always in <output_dir>/completions/, wandb)"
+    )
     health_checks_off: list[str] = _option(
         [],
         "Training-health checks to leave off (grpo_kit/health.py): truncation, no_signal, format_only, "
@@ -102,6 +106,11 @@ class RunArguments:
     )
     allow_changed_settings: bool = _option(
         False, "Resume even where settings differ from the run's start (learning rate, batch, model...)"
+    )
+    memory_plan: bool = _option(
+        True,
+        "On a GPU, stop before loading when the estimated peak memory exceeds the GPU's (docs/memory.md), saying "
+        "what fits; false: load anyway (the estimate is rough, within a fifth)",
     )
 
 
@@ -214,6 +223,36 @@ def run_names(model_name: str) -> dict:
     return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
 
 
+RESUME_HELP = (
+    "latest (or true): the newest complete checkpoint-N in --output_dir; or a checkpoint folder. Checked before "
+    "anything loads: its weights, optimizer, scheduler, RNG and trainer state are whole (a cut one is skipped), and "
+    "the run's settings and training data are the ones its start recorded (else refused, naming what changed; "
+    "--allow_changed_settings true resumes anyway)"
+)
+# The settings people change first, with the short text `--help` shows (the full list: --help-all)
+FIRST_SETTINGS = {
+    "config": "A YAML file of settings (any of --help-all's); the command line wins over it",
+    "smoke": None,
+    "demo": None,
+    "model_name_or_path": "The model to train (a Hub name or a local folder)",
+    "dataset": None,
+    "output_dir": "Where checkpoints, the model, curves, evaluations and the run record go",
+    "resume_from_checkpoint": RESUME_HELP,
+    "max_steps": "Optimizer steps to train; -1: num_train_epochs over the data",
+    "learning_rate": "AdamW's peak learning rate (cosine schedule, 10 % warmup)",
+    "num_generations": "Completions sampled per prompt: the group whose rewards GRPO normalises",
+    "per_device_train_batch_size": "Completions per device per micro-step (a multiple of num_generations)",
+    "gradient_accumulation_steps": "Micro-steps per optimizer step",
+    "max_completion_length": "Tokens a completion may run to before it is cut",
+    "temperature": "Sampling temperature of the rollouts",
+    "loss_type": "The objective's normalisation: dapo, grpo, dr_grpo, bnpo... (README: Objectives)",
+    "beta": "KL penalty towards the start model; 0: none, and no reference model in memory",
+    "use_peft": "Train LoRA adapters (lora_r, lora_alpha); with --load_in_4bit: QLoRA on CUDA",
+    "use_vllm": "Generate rollouts with vLLM (requirements-gpu.txt)",
+    "report_to": "Where metrics go: wandb, none...",
+}
+
+
 def _parser(config: Path | None = None):
     from trl import GRPOConfig, ModelConfig, TrlParser
 
@@ -225,8 +264,52 @@ def _parser(config: Path | None = None):
 
     parser.error = error
     # Read (and taken off the command line) by read_config; listed here for --help.
-    parser.add_argument("--config", help="A YAML file of settings (any of these); the command line wins over it")
+    parser.add_argument("--config", help=FIRST_SETTINGS["config"])
+    for action in parser._actions:  # transformers' texts for these say nothing of what the recipe does with them
+        if action.dest == "resume_from_checkpoint":
+            action.help = RESUME_HELP
+        elif "--no_final_eval" in action.option_strings:
+            action.help = "Skip the baseline and final evaluations (as --final_eval false)"
     return parser
+
+
+def short_help(parser) -> str:
+    """`--help`: the settings people change first, then the recipe's own, each with its default (the recipe's,
+    or the preset's when one is given); the rest (TRL's GRPOConfig, ModelConfig) named by --help-all."""
+    import textwrap
+
+    actions = {}
+    for action in parser._actions:  # the first of a dest: --final_eval, not its --no_final_eval
+        if action.option_strings:
+            actions.setdefault(action.dest, action)
+    recipe = [f.name for f in dataclasses.fields(RunArguments) if f.name not in FIRST_SETTINGS]
+    script = Path(sys.argv[0]).name
+
+    def line(dest: str, text: str | None) -> list[str]:
+        action = actions[dest]
+        text = text or action.help or ""
+        default = parser.get_default(dest)
+        if isinstance(default, (bool, list)):  # as they are typed: --use_peft true, --report_to wandb none
+            default = " ".join(map(str, default)) if isinstance(default, list) else str(default).lower()
+        shown = "" if default in (None, "") or dest == "config" else f" [{default}]"
+        head = f"  --{dest}{shown}"
+        body = textwrap.wrap(text, 118 - 34) or [""]
+        first = f"{head:<34}{body[0]}" if len(head) < 34 else f"{head}\n{'':34}{body[0]}"
+        return [first, *(f"{'':34}{rest}" for rest in body[1:])]
+
+    lines = [f"python {script} [--config FILE] [--smoke | --demo] [--setting value ...]", "", "Start here:"]
+    for dest, text in FIRST_SETTINGS.items():
+        lines += line(dest, text)
+    lines += ["", "The recipe's evaluation, data and checks:"]
+    for dest in recipe:
+        lines += line(dest, None)
+    rest = len(actions) - len(FIRST_SETTINGS) - len(recipe) - 1  # less -h
+    lines += [
+        "",
+        f"Every other GRPOConfig / TrainingArguments / ModelConfig field ({rest} more) is a setting too: "
+        f"python {script} --help-all",
+    ]
+    return "\n".join(lines)
 
 
 def given_on_command_line(argv: list[str]) -> dict:
@@ -234,15 +317,16 @@ def given_on_command_line(argv: list[str]) -> dict:
     parser = _parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return vars(parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])[0])
+    return vars(parser.parse_known_args([a for a in argv if a not in ("-h", "--help", "--help-all")])[0])
 
 
 def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
     """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
     order, checked: stops with one line per problem before anything is loaded."""
-    logging.basicConfig(  # info from the main process, warnings only from the others
+    logging.basicConfig(  # info from the main process, warnings only from the others; above the progress bar
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+        handlers=[console.TqdmHandler()],
     )
     argv = list(sys.argv[1:] if argv is None else argv)
     # A byte that is not UTF-8 reaches Python's argv as a lone surrogate (surrogateescape): named as bytes.
@@ -250,6 +334,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
         raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
     argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
     import torch
+
+    console.quiet_libraries()
 
     chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
     preset = presets.chosen(chosen)
@@ -262,7 +348,10 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
         "bf16": native_bf16 and not chosen.get("fp16"),
         "use_cpu": not cuda,  # also makes `accelerate launch` processes on a CPU-only machine join one gloo group
         "dtype": None,
-        **(presets.defaults(preset, chosen.get("tiny_model")) if preset else {}),
+        # TRL's default (True), under transformers' name: its old one, gradient_checkpointing, warns on every run
+        "activation_checkpointing": chosen.get("gradient_checkpointing", True),
+        # a preset's run of a --config file gets a folder of its own: outputs/demo-gspo-GRPO
+        **(presets.defaults(preset, chosen.get("tiny_model"), config and config.stem) if preset else {}),
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
@@ -272,12 +361,26 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     parser = _parser(config)
     tokens, direct, unknown = yaml_arguments(parser, yaml_values, config)  # typed like the command line's
     parser.set_defaults(**{**defaults, **direct})
+    if "--help-all" in argv:  # argparse's own: every field, TRL's and transformers' texts
+        argv = ["--help" if arg == "--help-all" else arg for arg in argv]
+    elif "-h" in argv or "--help" in argv:
+        print(short_help(parser))
+        sys.exit(0)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))
     if found := [f"{place}: {names}" for place, names in where if names]:
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = {key: value for key, value in vars(namespace).items() if key != "config"}
     values.update(presets.keyed(preset, values))  # its assets' folders, of the tags and seed they are built on
+    asks = values["ask"] is not None or values["eval_only"]
+    if asks and "model_name_or_path" not in chosen and (trained := presets.trained_model(preset, values)):
+        values["model_name_or_path"] = trained  # --demo --ask: the model the demo trained, not its start model
+    if asks and preset and "model_name_or_path" not in chosen:
+        logger.info(
+            "--%s %s: %s", preset, "--ask" if values["ask"] is not None else "--eval_only",
+            f"the model --{preset} trained, in {trained}" if trained else
+            f"the start model (no trained one in {values['output_dir']} yet: --{preset} trains it there)",
+        )  # fmt: skip
     own = presets.owned(preset, values)
     model_dir = Path(values["model_name_or_path"]).expanduser()
     own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())

@@ -38,7 +38,7 @@ class EarlyStop(TrainerCallback):
     --save_only_model nothing resumes: the stop says so, and exits EXIT_NOT_RESUMABLE where it would exit 75."""
 
     exit_code = 1
-    then = "--resume_from_checkpoint latest continues the run"  # what to do next, said with the stop
+    then = None  # what to do next, said with the stop; None: the command that continues the run
     level = logging.WARNING
 
     def __init__(self, trainer):
@@ -57,7 +57,9 @@ class EarlyStop(TrainerCallback):
     def report(self) -> int | None:
         if not self.stopped:
             return None
-        then, code = self.then, self.exit_code
+        from grpo_kit.runs import resume_command
+
+        then, code = self.then or f"Continue the run: {resume_command()}", self.exit_code
         if self.model_only:
             where = self.trainer.args.output_dir
             start = os.path.join(where, self.checkpoint) if self.checkpoint else f"the newest checkpoint in {where}"

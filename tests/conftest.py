@@ -52,6 +52,20 @@ def run_recipe(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py",
     )
 
 
+def run_printed(output: str, lead: str, cwd: Path, **env: str):
+    """Run the command a run printed after `lead` (to the end of that line) as a user would paste it: `python ...`
+    with this interpreter, offline, in `cwd`."""
+    import shlex
+
+    line = output.split(lead, 1)[1].splitlines()[0]
+    parts = shlex.split(line)
+    assert parts[0] == "python", line
+    return subprocess.run(
+        [sys.executable, *parts[1:]], cwd=cwd, env=offline_env(cwd, **env), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=900,
+    )  # fmt: skip
+
+
 def resolved(argv: list[str]) -> types.SimpleNamespace:
     """The recipe's resolved, checked settings (without building the trainer's arguments, which set up a device)."""
     import grpo_demo

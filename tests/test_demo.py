@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REWARD_NAMES, resolved, run_recipe
+from conftest import REWARD_NAMES, resolved, run_printed, run_recipe
 from transformers import AutoTokenizer
 
 import grpo_demo
@@ -277,6 +277,15 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert measured == list(range(0, 41, 5))  # the start, then every 5 steps, for the curves
     assert json.loads((run / "health.json").read_text())["findings"] == []  # a healthy run says so
     assert "Training health: ok" in result.stdout
+    # The console a person reads: a line per step, the accuracy table, the verdict and where it all is, in <= 120
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 120, f"{len(lines)} lines"
+    assert len([line for line in lines if line.startswith("step ") and "/40  reward " in line]) == 40
+    assert "| accuracy, strict (answer block) | " in result.stdout and "Paired, strict: " in result.stdout
+    assert "Written to outputs/demo-GRPO:" in lines and "  curves       outputs/demo-GRPO/curves.png" in lines
+    assert not [line for line in lines if "Warning" in line or "┃" in line or "{'loss'" in line]
+    asked = run_printed(result.stdout, "Ask it: ", tmp_path)  # the closing hint, as printed: the trained model answers
+    assert asked.returncode == 0 and "outputs/demo-GRPO answers (sampled, seed 42):" in asked.stdout, asked.stdout
 
 
 @pytest.mark.slow

@@ -464,7 +464,7 @@ def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     tokenizer = AutoTokenizer.from_pretrained(folder / run)
     model = AutoModelForCausalLM.from_pretrained(folder / run).eval()
     expected = generation.sample(model, tokenizer, FMT.chat_prompt(question), max_new_tokens=48, seed=5)
-    assert expected and printed == expected + "\n"
+    assert expected and printed == f"{run} answers (sampled, seed 5):\n{expected}\n"
 
 
 def test_eval_only_of_a_folder_with_a_damaged_model_is_a_message(tiny_dir, tmp_path, monkeypatch):
@@ -550,7 +550,7 @@ def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluatio
     ]
     measured, logged = [], []
 
-    def measure(rows_asked, model_name, desc, *args):
+    def measure(rows_asked, model_name, desc, *args, **kwargs):
         measured.append((len(rows_asked), desc))
         return {}, records[: len(rows_asked)]
 

@@ -315,3 +315,15 @@ def test_a_checkpoint_is_named_as_the_trainer_names_it_and_a_copy_is_not():
     assert [name for name in ("checkpoint-0", "checkpoint-12", "checkpoint-02", "checkpoint-2-keep", "checkpoint-")
             if runs.CHECKPOINT.fullmatch(name)] == ["checkpoint-0", "checkpoint-12"]  # fmt: skip
     assert not runs.RUN_FILES.fullmatch("checkpoint-02/model.safetensors")  # a user's copy: never cleared
+
+
+def test_a_run_that_wrote_nothing_leaves_no_empty_folder(tmp_path):
+    """A run that fails before writing (offline, a data set to fetch) leaves no empty outputs/<run>/ behind; a folder
+    that holds anything, or was there before, stays."""
+    lock = runs.claim(tmp_path / "outputs" / "run")
+    runs.release(lock, [tmp_path / "outputs" / "run", tmp_path / "outputs"])  # what exiting does (atexit)
+    assert list(tmp_path.iterdir()) == []
+    lock = runs.claim(tmp_path / "outputs" / "kept")
+    (tmp_path / "outputs" / "kept" / "run_record.json").write_text("{}")
+    runs.release(lock, [tmp_path / "outputs" / "kept", tmp_path / "outputs"])
+    assert [p.name for p in (tmp_path / "outputs" / "kept").iterdir()] == ["run_record.json"]

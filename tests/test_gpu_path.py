@@ -178,8 +178,11 @@ def test_the_plan_is_checked_before_the_weights_load(fake_cuda, monkeypatch, tmp
     config, _ = skeleton("qwen2", **QWEN_1_5B)
     config.save_pretrained(tmp_path / "model")
     v = resolved(["--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(tmp_path / "out")])
-    with pytest.raises(RecipeError, match="would need ~37 GiB.*LoRA \\(--use_peft\\): ~13 GiB"):
+    with pytest.raises(RecipeError, match="would need ~37 GiB.*LoRA \\(--use_peft\\): ~13 GiB.*--memory_plan false"):
         checks.model_and_disk(v, v)
+    checks.model_and_disk(v, v, plan_memory=False)  # the user's word against the estimate: nothing refused
+    run = resolved(["--memory_plan", "false"])
+    assert run.memory_plan is False
 
 
 def test_the_memory_table_is_the_estimators():

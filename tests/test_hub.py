@@ -65,3 +65,9 @@ def test_pushing_offline_is_refused_by_the_recipe(tmp_path):
 
     message = refused(["--smoke", "--push_to_hub", "true", "--output_dir", str(tmp_path / "run")])
     assert "push_to_hub: the Hugging Face Hub cannot be reached" in message
+
+
+def test_asking_a_local_model_does_not_ask_the_hub(hub_flags_on, monkeypatch, tmp_path):
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed the Hub"))
+    asked = {"model_name_or_path": str(tmp_path), "dataset": None, "ask": "What is 2 + 2?"}
+    assert online.go_offline_if_unreachable(asked) is False  # --ask reads no data set

@@ -138,7 +138,7 @@ def test_each_objective_preset_trains_two_smoke_steps(name, tmp_path):
     args = ["--smoke", "--config", str(CONFIGS / f"{name}.yaml"), "--max_steps", "2", "--save_steps", "2"]
     result = run_recipe([*args, "--eval_every_steps", "0", "--final_eval", "false"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
-    out = tmp_path / "outputs" / "smoke-GRPO"
+    out = tmp_path / "outputs" / f"smoke-{name}-GRPO"  # a preset's run of a --config: a folder of its own
     trained = json.loads((out / "run_record.json").read_text())["settings"]["training"]
     assert {key: trained[key] for key in OBJECTIVES[name]} == OBJECTIVES[name]  # what the trainer was built with
     steps = steps_of(out)

@@ -181,3 +181,19 @@ def test_a_reward_logged_as_none_is_a_gap_and_a_failed_drawing_never_ends_a_run(
     monkeypatch.setattr(plots, "curves_figure", broken)
     assert plots.plot_curves(tmp_path) is None
     assert "No curves.png in" in caplog.text and "ValueError: a font is missing" in caplog.text
+
+
+def test_the_title_names_the_objective_and_every_panel_spans_the_run(tmp_path):
+    """A GSPO run's curves say GSPO; rewards logged last before the run's end (a generation serving several steps)
+    are drawn on the same steps as accuracy, 0 to the last step."""
+    write_state(tmp_path, steps=40, accuracy_every=10)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    state["log_history"] = [e for e in state["log_history"] if "reward" not in e or e["step"] <= 37]
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    training = {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "scale_rewards": "group"}
+    (tmp_path / "run_record.json").write_text(json.dumps({"settings": {"training": training}}))
+    fig = plots.curves_figure(tmp_path)
+    assert fig._suptitle.get_text() == f"{tmp_path.name}: GSPO training (loss grpo, beta 0)"
+    assert {ax.get_xlim() for ax in fig.axes if ax.get_visible()} == {(-1.2, 41.2)}  # 0 to 40, a margin
+    training = {"loss_type": "dr_grpo", "beta": 0.04, "scale_rewards": "none"}
+    assert plots.objective(training) == "GRPO training (loss dr_grpo, beta 0.04, scale_rewards none)"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import REWARD_NAMES, ROOT, offline_env, run_recipe
+from conftest import REWARD_NAMES, ROOT, offline_env, run_printed, run_recipe
 from safetensors.torch import load_file
 
 import grpo_demo
@@ -63,6 +63,30 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
     assert runs.not_written_by_a_run(out) == []  # every file a run's: a preset's next run may clear them all
+
+
+def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke_run):
+    """What `--smoke` prints, in at most 60 lines: its settings, a line per step, the comparison table with the paired
+    verdict, the health line and where each thing was written; no completions table, no library warning."""
+    folder, out, stdout = smoke_run
+    lines = stdout.splitlines()
+    assert len(lines) <= 60, f"{len(lines)} lines"
+    assert "GRPO on GSM8K: outputs/smoke-assets/tiny-qwen2 -> outputs/smoke-GRPO" in lines
+    assert (
+        "  batch      2 prompts x 4 generations = 8 completions per step (8 per device x 1 accumulation x 1 " in stdout
+    )
+    assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == [f"step {n}/4" for n in (1, 2, 3, 4)]
+    assert "| accuracy, strict (answer block) | " in stdout and "Paired, strict: " in stdout
+    assert "Training health: ok (6 checks, outputs/smoke-GRPO/health.json)" in lines  # truncation: off in the preset
+    for name, path in (("model", ""), ("curves", "/curves.png"), ("completions", "/completions")):
+        assert f"  {name:<12} outputs/smoke-GRPO{path}" in lines, name
+    assert not [line for line in lines if "Warning" in line or "┃" in line or "{'loss'" in line or "%|" in line]
+    assert stdout.count("wandb sync ") == 2  # said once at the start, and by wandb as it finishes
+    # The closing hint, run as printed: the trained model answers a held-out question
+    asked = run_printed(stdout, "Ask it: ", folder)
+    assert asked.returncode == 0, asked.stdout[-3000:]
+    assert "outputs/smoke-GRPO answers (sampled, seed 42):" in asked.stdout
+    assert "The Hugging Face Hub cannot be reached" not in asked.stdout  # a local model: the Hub is not asked
 
 
 def test_a_run_logs_to_wandb_offline_without_credentials(smoke_run):
@@ -192,8 +216,8 @@ RUN = ["--smoke", "--max_steps", "6", "--save_steps", "2"]
 
 
 def logged_steps(stdout: str) -> int:
-    """Optimizer steps a run logged to the console (one dict with a learning rate per step)."""
-    return stdout.count("'learning_rate':")
+    """Optimizer steps a run logged to the console (one `step N/M  reward ...` line per step)."""
+    return len(re.findall(r"^step \d+/\d+  reward ", stdout, re.MULTILINE))
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +311,7 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     stopped = run_recipe(args, cwd=whole_run, script=script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
     assert stopped.returncode == stopping.EXIT_STOPPED == 75, stopped.stdout[-3000:]
     assert "SIGTERM: finishing step 3 of 6, saving it, then stopping (exit 75)" in stopped.stdout
-    assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. --resume_from_checkpoint latest" in stopped.stdout
+    assert "Stopped at step 3: SIGTERM received. Saved: checkpoint-3. Continue the run: python " in stopped.stdout
     assert "Traceback" not in stopped.stdout
     # Step 3's checkpoint (save_steps 2 would not have made it), complete; not a finished run; the folder free.
     assert runs.missing_parts(out / "checkpoint-3") == []
@@ -295,7 +319,8 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     assert not (out / "model.safetensors").exists() and not (out / "eval" / "final").exists()
     assert not (out / ".run.lock").exists()
 
-    resumed = run_recipe([*args, "--resume_from_checkpoint", "latest"], cwd=whole_run)
+    # The printed command, as printed (the run's own settings, resuming from latest)
+    resumed = run_printed(stopped.stdout, "Continue the run: ", whole_run, SIGNAL="SIGTERM", SIGNAL_IN_STEP="3")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "Resuming from outputs/sigterm/checkpoint-3" in resumed.stdout
     assert logged_steps(resumed.stdout) == 3
@@ -687,10 +712,22 @@ def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tm
 # A user without network gets a message, not a traceback
 
 
-def test_an_unreachable_hub_names_the_local_options(tmp_path):
+def test_an_unreachable_hub_names_the_local_options_and_the_commands_run_as_printed(tmp_path):
     result = run_recipe(["--max_steps", "1", "--report_to", "none"], cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stdout
-    assert "--dataset DIR" in result.stdout and "--smoke" in result.stdout
+    assert not (tmp_path / "outputs").exists()  # a run that wrote nothing leaves no empty folder
+    script = ROOT / "grpo_demo.py"
+    smoke_line = f"python {script} --smoke (the whole recipe, seconds)"
+    assert "--dataset DIR (a folder with train.jsonl and test.jsonl), or try the recipe on generated problems: " in (
+        result.stdout
+    )
+    # Each printed command, run as printed: --demo's is the one test_demo.py runs whole (a slow, 2-minute run)
+    assert f"{smoke_line} or python {script} --demo (GRPO learning, ~2 min)" in result.stdout
+    smoke = run_printed(
+        result.stdout.replace(" (the whole recipe, seconds) or", "\n"), "generated problems: ", tmp_path
+    )
+    assert smoke.returncode == 0, smoke.stdout[-3000:]
+    assert (tmp_path / "outputs" / "smoke-GRPO" / "model.safetensors").is_file()
 
 
 def test_a_missing_model_offline_is_a_short_message(tmp_path):

@@ -433,12 +433,44 @@ def test_the_help_explains_each_of_the_runs_own_settings(capsys):
 
     from grpo_kit.settings import RunArguments
 
+    for asked in ("--help", "--help-all"):
+        with pytest.raises(SystemExit) as stop:
+            grpo_demo.parse_settings([asked])
+        assert stop.value.code == 0
+        shown = "".join(capsys.readouterr().out.split())  # argparse wraps the lines
+        for setting in fields(RunArguments):
+            assert f"--{setting.name}" in shown and "".join(setting.metadata["help"].split()) in shown, setting.name
+    assert "--tiny_model{qwen2,llama3}" in shown and "--eval_split{test,validation}" in shown  # --help-all's
+
+
+def test_the_help_starts_with_the_settings_people_change_first_and_their_defaults(capsys):
+    from grpo_kit.settings import FIRST_SETTINGS
+
     with pytest.raises(SystemExit):
         grpo_demo.parse_settings(["--help"])
-    shown = "".join(capsys.readouterr().out.split())  # argparse wraps the lines
-    for setting in fields(RunArguments):
-        assert f"--{setting.name}" in shown and "".join(setting.metadata["help"].split()) in shown, setting.name
-    assert "--tiny_model{qwen2,llama3}" in shown and "--eval_split{test,validation}" in shown
+    shown = capsys.readouterr().out
+    first_screen = shown.splitlines()[:50]
+    named = [line.split()[0] for line in first_screen if line.startswith("  --")]
+    assert named[: len(FIRST_SETTINGS)] == [f"--{name}" for name in FIRST_SETTINGS]
+    for default in ("--model_name_or_path [Qwen/Qwen2.5-1.5B-Instruct]", "--learning_rate [5e-06]",
+                    "--num_generations [16]", "--max_completion_length [786]", "--beta [0.0]", "--loss_type [dapo]",
+                    "--output_dir [outputs/Qwen-1.5B-GRPO]", "--report_to [wandb]"):  # fmt: skip
+        assert default in "\n".join(first_screen), default
+    assert len(shown.splitlines()) < 80 and shown.rstrip().endswith(" --help-all")
+    resume = "".join(shown.split("--resume_from_checkpoint", 1)[1].split("--max_steps")[0].split())
+    assert resume.startswith("latest(ortrue):thenewestcompletecheckpoint-Nin--output_dir")
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--demo", "--help"])  # a preset's own defaults
+    assert "--max_steps [40]" in capsys.readouterr().out
+
+
+def test_the_full_help_says_what_resume_checks_and_what_no_final_eval_does(capsys):
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--help-all"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Not directly used by" not in shown.split("--resume_from_checkpoint RESUME_FROM_CHECKPOINT, ")[1][:200]
+    assert "latest (or true): the newest complete checkpoint-N in --output_dir" in shown
+    assert "--no_final_eval, --no-final-eval Skip the baseline and final evaluations (as --final_eval false)" in shown
 
 
 def test_config_as_one_argument_and_twice(tmp_path):
@@ -620,7 +652,8 @@ def test_resuming_another_folders_checkpoint_compares_with_that_run(tmp_path):
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
     fake_checkpoint(tmp_path / "run" / "checkpoint-300")
     message = refused(["--output_dir", str(tmp_path / "run")])
-    assert "already holds checkpoint-300: resume it with --resume_from_checkpoint latest" in message
+    assert "already holds checkpoint-300: resume it (python " in message  # this command, resuming from latest
+    assert " --resume_from_checkpoint latest), or start a new run" in message
     assert "or start a new run with another --output_dir" in message
     chosen = resolved(["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest"])
     assert chosen.resume_from_checkpoint == str(tmp_path / "run" / "checkpoint-300")  # the newest, found
@@ -897,3 +930,23 @@ def test_a_null_in_a_config_files_env_leaves_the_variable_as_the_shell_has_it(tm
     (tmp_path / "c.yaml").write_text("env:\n  WANDB_TAGS: null\n")
     settings.read_config(["--config", str(tmp_path / "c.yaml")])
     assert os.environ["WANDB_TAGS"] == "from-the-shell"  # not the text "None"
+
+
+def test_every_readme_section_the_files_point_to_exists():
+    """`README "On a GPU"` in requirements-gpu.txt, `README, "GPU memory"` in the recipe...: each names a heading."""
+    headings = [
+        line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("#")
+    ]
+    files = [
+        ROOT / "grpo_demo.py",
+        *ROOT.glob("requirements*.txt"),
+        *ROOT.glob("configs/*.yaml"),
+        *ROOT.glob("grpo_kit/*.py"),
+    ]
+    pointer = re.compile(r'README(?:\.md)?(?:,|:|\'s)? "([^"]+)"')
+    pointers = [(path.name, name) for path in files for name in pointer.findall(path.read_text(encoding="utf-8"))]
+    assert ("requirements-gpu.txt", "On a GPU") in pointers
+    for where, name in pointers:
+        assert any(name in heading for heading in headings), f'{where}: README "{name}" is no heading'
+    for link in re.findall(r"\]\((docs/[^)#]+)\)", (ROOT / "README.md").read_text()):
+        assert (ROOT / link).is_file(), link

@@ -107,7 +107,28 @@ def test_a_stop_signal_saves_the_step_in_progress_then_exits_with_its_code(name,
     with caplog.at_level(logging.WARNING, logger="grpo_demo"):
         assert stopping.exit_code(stop) == code
     what = "Ctrl-C (SIGINT)" if name == "SIGINT" else name
-    assert f"Stopped at step 5: {what} received. Saved: checkpoint-5. --resume_from_checkpoint latest" in caplog.text
+    assert f"Stopped at step 5: {what} received. Saved: checkpoint-5. Continue the run: python " in caplog.text
+    assert caplog.text.rstrip().endswith(" --resume_from_checkpoint latest")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["grpo_demo.py", "--demo"], "python grpo_demo.py --demo --resume_from_checkpoint latest"),
+        (
+            ["grpo_demo.py", "--demo", "--resume_from_checkpoint", "outputs/demo-GRPO/checkpoint-20", "--seed", "3"],
+            "python grpo_demo.py --demo --seed 3 --resume_from_checkpoint latest",
+        ),  # fmt: skip
+        (
+            ["grpo_demo.py", "--config", "configs/gspo.yaml", "--resume_from_checkpoint=true", "--ask", "What's 2+2?"],
+            "python grpo_demo.py --config configs/gspo.yaml --ask 'What'\"'\"'s 2+2?' --resume_from_checkpoint latest",
+        ),
+    ],
+)
+def test_the_resume_hint_is_this_runs_command_resuming_from_latest(argv, said):
+    from grpo_kit.runs import resume_command
+
+    assert resume_command(argv) == said
 
 
 def test_a_hangup_that_took_the_terminal_still_saves_the_step_and_exits_75():
@@ -219,7 +240,7 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
     class Measured(Exception):
         pass
 
-    def measure(*args):
+    def measure(*args, **kwargs):
         raise Measured
 
     state = TrainerState(global_step=4, max_steps=10)

@@ -1,0 +1,184 @@
+"""What a run prints, for a person to read: its settings, one progress bar (in a terminal) that log lines print
+above, a compact line per logged step, the health findings, and at the end the accuracy table, the paired verdict
+and where everything was written. The completions table goes to `<output_dir>/completions/` and wandb, and to the
+console with `--show_completions true`. Warnings of the libraries that this recipe triggers and cannot act on are
+filtered here by their exact text, each with the reason; nothing else is silenced."""
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+logger = logging.getLogger("grpo_demo")
+
+# (logger, start of the message, why): informational lines of transformers that read like faults here
+LIBRARY_LINES = (
+    # Checkpoints are ordered by step when their mtimes tie (a copy, a network filesystem): nothing to do.
+    ("transformers.trainer_utils", "mtime may not be reliable on this filesystem"),
+    # Tied embeddings (Qwen2.5, Llama 3.2 and the tiny models): lm_head shares embed_tokens' weights, which were
+    # loaded. The trainer's own check lists it as missing from the checkpoint; a checkpoint lacking another key is said.
+    ("transformers.trainer", "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."),
+)
+
+
+class _Drop(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+def quiet_libraries() -> None:
+    """Filter the library warnings this recipe triggers and cannot act on, each by its text; turn off the
+    libraries' own bars (loading and writing weights), so that the training bar is the one."""
+    # TRL 1.16's unwrap_model_for_generation reads transformers' deprecated `is_gradient_checkpointing` at every
+    # rollout and evaluation: the rename is TRL's to make (the recipe sets activation_checkpointing itself).
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    for name, start in LIBRARY_LINES:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) and f.start == start for f in target.filters):
+            target.addFilter(_Drop(start))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+class TqdmHandler(logging.StreamHandler):
+    """A log handler that writes above the progress bar (tqdm.write) instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
+            self.handleError(record)
+
+
+def _show(value, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def step_line(step: int, max_steps: int, logs: dict, correct: dict[str, float], rollout: int | None = None) -> str:
+    """One logged training step: `step 3/40  reward 1.23  correct 45 %  length 61 (12 % cut)  lr 3e-04  0.9 s/step`.
+    `correct`: {logged reward mean: its full marks} of the correctness rewards (health.reward_roles). A step that
+    sampled nothing (a generation batch serving several steps, steps_per_generation) names the step that did,
+    `rollout`."""
+    if "reward" not in logs and rollout is not None:
+        trained = f"lr {_show(logs.get('learning_rate'), '.2g')}  {_show(logs.get('step_time'), '.2f')} s/step"
+        return f"step {step}/{max_steps}  on the completions sampled at step {rollout}  {trained}"
+    shares = [logs[key] / top for key, top in correct.items() if isinstance(logs.get(key), (int, float))]
+    share = 100 * sum(shares) / len(shares) if shares else None
+    cut = logs.get("completions/clipped_ratio")
+    parts = [
+        f"step {step}/{max_steps}",
+        f"reward {_show(logs.get('reward'), '.3f')}",
+        f"correct {_show(share, '.0f')} %",
+        f"length {_show(logs.get('completions/mean_length'), '.0f')}"
+        + (f" ({_show(100 * cut, '.0f')} % cut)" if isinstance(cut, (int, float)) else ""),
+        f"lr {_show(logs.get('learning_rate'), '.2g')}",
+        f"{_show(logs.get('step_time'), '.2f')} s/step",
+    ]
+    return "  ".join(parts)
+
+
+def install(trainer, correct: dict[str, float], show_completions: bool = False) -> None:
+    """Replace the trainer's bar and printed log dicts by one bar and `step_line`s; the completions table printed
+    only with `show_completions` (TRL still writes it to completions/ and wandb)."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for kind in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(kind)
+    _SHOWN["table"] = show_completions
+    _wrap_completions_table()
+
+    class Console(TrainerCallback):
+        bar, rollout = None, None  # the bar; the last step that sampled completions
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:  # a bar in a terminal only: none in a log file
+                self.bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step", disable=None)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs and ("loss" in logs or "reward" in logs):
+                self.rollout = state.global_step if "reward" in logs else self.rollout
+                line = step_line(state.global_step, state.max_steps, logs, correct, self.rollout)
+                tqdm.write(line, file=sys.stdout)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+    trainer.add_callback(Console())
+
+
+_SHOWN = {"table": False}  # whether the run in this process prints the completions table (`install`)
+
+
+def _wrap_completions_table() -> None:
+    """TRL prints the completions table to the console whenever it logs completions (to files and wandb): the
+    function it calls is wrapped, once, to print only where the run asked for it (`_SHOWN`)."""
+    from trl.trainer import grpo_trainer
+
+    printer = grpo_trainer.print_prompt_completions_sample
+    if getattr(printer, "wrapped_by_recipe", False):
+        return
+
+    def only_when_shown(*args, **kwargs):
+        if _SHOWN["table"]:
+            printer(*args, **kwargs)
+
+    only_when_shown.wrapped_by_recipe = True
+    grpo_trainer.print_prompt_completions_sample = only_when_shown
+
+
+def settings_summary(run, training_args, model_args, rows: int) -> str:
+    """The lines a run opens with: model, objective, precision, batch arithmetic, output folder."""
+    args = training_args
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    prompts = per_step // max(args.num_generations, 1)
+    compute = "bf16 autocast" if args.bf16 else "fp16 autocast" if args.fp16 else "fp32"
+    adapter = ""
+    if model_args.use_peft:
+        adapter = f", LoRA r {model_args.lora_r}" + (" on a 4-bit base" if model_args.load_in_4bit else "")
+    steps = f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs:g} epoch(s)"
+    objective = f"loss {args.loss_type}, scale_rewards {args.scale_rewards}, beta {args.beta:g}"
+    if args.importance_sampling_level != "token":
+        objective += f", importance sampling per {args.importance_sampling_level}"
+    lines = [
+        f"GRPO on GSM8K: {model_args.model_name_or_path} -> {args.output_dir}",
+        f"  objective  {objective}, lr {args.learning_rate:g}",
+        f"  precision  weights {model_args.dtype}, compute {compute}{adapter}",
+        f"  batch      {prompts} prompts x {args.num_generations} generations = {per_step} completions per step "
+        f"({args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x "
+        f"{args.world_size} process{'es' if args.world_size > 1 else ''}), up to {args.max_completion_length} "
+        f"tokens each",
+        f"  length     {steps} on {rows} prompts; checkpoints every {args.save_steps:g} steps",
+    ]
+    return "\n".join(lines)
+
+
+def where_written(output_dir: str | Path, saved_model: bool, ask: str | None = None) -> str:
+    """The closing lines: where the model, curves, evaluations, completions and run record are; `ask`: the command
+    that asks the saved model a question."""
+    folder = Path(output_dir)
+    found = [
+        ("model", folder if saved_model else None),
+        ("curves", folder / "curves.png"),
+        ("evaluations", folder / "eval" / "comparison.json"),
+        ("completions", folder / "completions"),
+        ("health", folder / "health.json"),
+        ("run record", folder / "run_record.json"),
+    ]
+    lines = [f"Written to {folder}:"]
+    lines += [f"  {name:<12} {path}" for name, path in found if path is not None and Path(path).exists()]
+    return "\n".join(lines + ([f"Ask it: {ask}"] if ask and saved_model else []))

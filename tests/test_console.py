@@ -1,0 +1,93 @@
+"""What a run prints: the line per logged step, the settings it opens with, where it wrote, and the library
+warnings it filters (each by its text, nothing else)."""
+
+import logging
+import warnings
+from types import SimpleNamespace
+
+from grpo_kit import console
+
+CORRECT = {"rewards/correctness_reward_func/mean": 2.0}  # health.reward_roles of the recipe's rewards
+
+
+def test_a_logged_step_is_one_line_of_what_a_person_watches():
+    logs = {"reward": 3.375, "rewards/correctness_reward_func/mean": 1.375, "completions/mean_length": 28.2,
+            "completions/clipped_ratio": 0.03125, "learning_rate": 2.9e-4, "step_time": 2.094, "loss": 0.1}  # fmt: skip
+    line = console.step_line(10, 40, logs, CORRECT)
+    assert line == "step 10/40  reward 3.375  correct 69 %  length 28 (3 % cut)  lr 0.00029  2.09 s/step"
+    assert (
+        console.step_line(1, 4, {"loss": 0.0}, CORRECT) == "step 1/4  reward -  correct - %  length -  lr -  - s/step"
+    )
+    reused = {"loss": 0.0, "learning_rate": 2.2e-4, "step_time": 0.47}  # steps_per_generation: no rollout this step
+    assert console.step_line(18, 40, reused, CORRECT, rollout=17) == (
+        "step 18/40  on the completions sampled at step 17  lr 0.00022  0.47 s/step"
+    )
+
+
+def test_a_run_opens_with_its_model_objective_precision_and_batch_arithmetic():
+    args = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=4, world_size=2,
+                           num_generations=16, bf16=True, fp16=False, max_steps=-1, num_train_epochs=1.0,
+                           loss_type="dapo", scale_rewards="group", beta=0.0, importance_sampling_level="sequence",
+                           learning_rate=5e-6, output_dir="outputs/Qwen-1.5B-GRPO", max_completion_length=786,
+                           save_steps=100)  # fmt: skip
+    model = SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct", dtype="float32", use_peft=False)
+    lines = console.settings_summary(None, args, model, 7473).splitlines()
+    assert lines == [
+        "GRPO on GSM8K: Qwen/Qwen2.5-1.5B-Instruct -> outputs/Qwen-1.5B-GRPO",
+        "  objective  loss dapo, scale_rewards group, beta 0, importance sampling per sequence, lr 5e-06",
+        "  precision  weights float32, compute bf16 autocast",
+        "  batch      8 prompts x 16 generations = 128 completions per step (16 per device x 4 accumulation x 2 "
+        "processes), up to 786 tokens each",
+        "  length     1 epoch(s) on 7473 prompts; checkpoints every 100 steps",
+    ]
+
+
+def test_the_closing_lines_name_only_what_the_run_wrote(tmp_path):
+    (tmp_path / "curves.png").write_bytes(b"png")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "comparison.json").write_text("{}")
+    (tmp_path / "run_record.json").write_text("{}")
+    assert console.where_written(tmp_path, saved_model=False).splitlines() == [
+        f"Written to {tmp_path}:",
+        f"  curves       {tmp_path / 'curves.png'}",
+        f"  evaluations  {tmp_path / 'eval' / 'comparison.json'}",
+        f"  run record   {tmp_path / 'run_record.json'}",
+    ]
+    assert f"  model        {tmp_path}" in console.where_written(tmp_path, saved_model=True)
+
+
+def test_only_the_named_library_lines_are_filtered():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        console.quiet_libraries()  # after the reset: as a run sets them
+        warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, 1)
+        warnings.warn("`something_else` is deprecated", FutureWarning, 1)
+    assert [str(w.message) for w in caught] == ["`something_else` is deprecated"]
+
+    class Kept(logging.Handler):
+        said: list[str] = []
+
+        def emit(self, record):
+            self.said.append(record.getMessage())
+
+    trainer_log, kept = logging.getLogger("transformers.trainer"), Kept()
+    trainer_log.addHandler(kept)
+    try:
+        trainer_log.warning("There were missing keys in the checkpoint model loaded: ['lm_head.weight'].")
+        trainer_log.warning("There were missing keys in the checkpoint model loaded: ['model.norm.weight'].")
+    finally:
+        trainer_log.removeHandler(kept)
+    assert kept.said == ["There were missing keys in the checkpoint model loaded: ['model.norm.weight']."]
+
+
+def test_the_ask_hint_keeps_what_shapes_the_prompt_and_names_the_saved_model():
+    from grpo_kit.runs import ask_command
+
+    argv = ["grpo_demo.py", "--demo", "--seed", "3", "--reasoning_tag", "think", "--config", "c.yaml", "--max_steps=9"]
+    assert ask_command("outputs/demo-c-GRPO", "What is 2 + 2?", argv) == (
+        "python grpo_demo.py --demo --reasoning_tag think --config c.yaml --model_name_or_path outputs/demo-c-GRPO "
+        "--ask 'What is 2 + 2?'"
+    )
+    assert ask_command("out", "Q?", ["grpo_demo.py", "--smoke", "true", "--tiny_model=llama3"]) == (
+        "python grpo_demo.py --smoke true --tiny_model=llama3 --model_name_or_path out --ask 'Q?'"
+    )
