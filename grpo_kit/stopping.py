@@ -7,6 +7,7 @@ state and curves, says why it stopped and what to do next, and exits with a code
 preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
 is said where it is handled (and in README.md)."""
 
+import json
 import logging
 import os
 import select
@@ -17,6 +18,8 @@ from contextlib import contextmanager, suppress
 
 import torch
 from transformers import TrainerCallback
+
+from grpo_kit import runs
 
 logger = logging.getLogger("grpo_demo")
 
@@ -29,6 +32,9 @@ MODEL_ONLY = (
     "be resumed"
 )
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags every process reduces
+# Where a launcher that cannot read the processes' exit codes (torchrun exits 1 whatever they exit with) asks to be
+# told of a resumable stop: slurm/grpo.sbatch sets it. The main process writes a JSON object there (`stop_record`).
+STOP_RECORD_ENV = "GRPO_STOP_RECORD"
 
 
 class EarlyStop(TrainerCallback):
@@ -69,8 +75,26 @@ class EarlyStop(TrainerCallback):
 
 
 def exit_code(*stops: EarlyStop) -> int:
-    """The exit code of the first of `stops` that stopped the run (said), 0 where none did."""
-    return next((code for stop in stops if (code := stop.report()) is not None), 0)
+    """The exit code of the first of `stops` that stopped the run (said), 0 where none did; a resumable stop (75)
+    is also written where $GRPO_STOP_RECORD says (`stop_record`)."""
+    stop, code = next(((stop, code) for stop in stops if (code := stop.report()) is not None), (None, 0))
+    if code == EXIT_STOPPED and stop.main and os.environ.get(STOP_RECORD_ENV):
+        stop_record(stop, os.environ[STOP_RECORD_ENV])
+    return code
+
+
+def stop_record(stop: EarlyStop, path: str) -> None:
+    """Write `path`: {"exit": 75, "step", "checkpoint", "resumed_from", "reason"}, the stop every process agreed on
+    (its step is reduced across them; the main process writes it once all have saved and reached the end).
+    `resumed_from` is the step this run resumed from (None: a fresh start): a checkpoint newer than it is progress."""
+    resumed = stop.trainer.args.resume_from_checkpoint
+    start = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(resumed))) if resumed else None
+    checkpoint = os.path.join(stop.trainer.args.output_dir, stop.checkpoint)
+    record = {"exit": EXIT_STOPPED, "step": stop.stopped["step"], "checkpoint": checkpoint}
+    record |= {"resumed_from": int(start[1]) if start else None, "reason": stop.stopped["reason"]}
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half of it
 
 
 class StopOnSignal(EarlyStop):
