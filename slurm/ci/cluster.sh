@@ -50,6 +50,7 @@ start() {
     command -v "$command" >/dev/null || die "no $command: apt-get install slurm-wlm munge"
   done
   stop  # a cluster left by an earlier start
+  rm -rf "$dir/ctld" "$dir"/spool-*  # a fresh cluster: no jobs of an earlier one
   mkdir -p "$dir/ctld" "$dir/munge"
   chmod 700 "$dir/munge"
   host=$(hostname -s)
@@ -68,7 +69,8 @@ SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=16817
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
+# cred_expire: a requeued job waits this long before it starts again (Slurm's default: 120 s)
 CredType=cred/munge
 StateSaveLocation=$dir/ctld
 SlurmdSpoolDir=$dir/spool-%n
