@@ -401,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer.save_state()
         if trainer.accelerator.is_main_process:
             plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
+        stopping.record(signals)  # a resumable stop, told to the launcher that asks (slurm/grpo.sbatch)
         # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
         # one may still be writing the state and curves.
         trainer.accelerator.wait_for_everyone()

@@ -75,25 +75,26 @@ class EarlyStop(TrainerCallback):
 
 
 def exit_code(*stops: EarlyStop) -> int:
-    """The exit code of the first of `stops` that stopped the run (said), 0 where none did; a resumable stop (75)
-    is also written where $GRPO_STOP_RECORD says (`stop_record`)."""
-    stop, code = next(((stop, code) for stop in stops if (code := stop.report()) is not None), (None, 0))
-    if code == EXIT_STOPPED and stop.main and os.environ.get(STOP_RECORD_ENV):
-        stop_record(stop, os.environ[STOP_RECORD_ENV])
-    return code
+    """The exit code of the first of `stops` that stopped the run (said), 0 where none did."""
+    return next((code for stop in stops if (code := stop.report()) is not None), 0)
 
 
-def stop_record(stop: EarlyStop, path: str) -> None:
-    """Write `path`: {"exit": 75, "step", "checkpoint", "resumed_from", "reason"}, the stop every process agreed on
-    (its step is reduced across them; the main process writes it once all have saved and reached the end).
-    `resumed_from` is the step this run resumed from (None: a fresh start): a checkpoint newer than it is progress."""
+def record(stop: "StopOnSignal") -> None:
+    """Where $GRPO_STOP_RECORD names a file and `stop` stopped the run resumably (exit 75), the main process writes
+    it: {"exit": 75, "step", "checkpoint", "resumed_from", "reason"}. Every process agreed on that step (the reduction
+    in `on_step_end`) and saved its part before the run's last barrier, which follows this: no process ends, and so
+    no launcher (srun --kill-on-bad-exit) stops the others, before the record is written. `resumed_from` is the step
+    this run resumed from (None: a fresh start): a stop's checkpoint newer than it is progress."""
+    path = os.environ.get(STOP_RECORD_ENV)
+    if not (path and stop.main and stop.stopped and stop.exit_code == EXIT_STOPPED and not stop.model_only):
+        return
     resumed = stop.trainer.args.resume_from_checkpoint
     start = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(resumed))) if resumed else None
     checkpoint = os.path.join(stop.trainer.args.output_dir, stop.checkpoint)
-    record = {"exit": EXIT_STOPPED, "step": stop.stopped["step"], "checkpoint": checkpoint}
-    record |= {"resumed_from": int(start[1]) if start else None, "reason": stop.stopped["reason"]}
+    fields = {"exit": EXIT_STOPPED, "step": stop.stopped["step"], "checkpoint": checkpoint}
+    fields |= {"resumed_from": int(start[1]) if start else None, "reason": stop.stopped["reason"]}
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(record, f)
+        json.dump(fields, f)
     os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half of it
 
 
