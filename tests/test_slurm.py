@@ -171,8 +171,19 @@ RECIPE = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
         (3, ["--", *RECIPE], {}, 8, "configs/zero2.yaml", MODEL, "8000", ("8", "1"), "1042"),  # 1 serves, 2 train
         (  # settings from the environment and the command line (which wins); vLLM's sizes derived from them
             4,
-            ["--zero3", "--model", "Qwen/Qwen2.5-7B-Instruct", "--vllm_port", "8200", "--vllm_tensor_parallel", "2",
-             "--", *RECIPE, "--max_completion_length", "300"],
+            [
+                "--zero3",
+                "--model",
+                "Qwen/Qwen2.5-7B-Instruct",
+                "--vllm_port",
+                "8200",
+                "--vllm_tensor_parallel",
+                "2",
+                "--",
+                *RECIPE,
+                "--max_completion_length",
+                "300",
+            ],
             {"GPUS_PER_NODE": "4", "VLLM_PORT": "8100"},
             4,
             "configs/zero3.yaml",
@@ -240,9 +251,8 @@ def test_without_vllm_every_node_trains_with_the_recipes_model(tmp_path, stubs):
         assert launch[:4] == ["accelerate", "launch", "--machine_rank", str(rank)]
         recipe = launch[launch.index("grpo_demo.py") + 1 :]
         assert recipe == ["--use_vllm", "false", "--resume_from_checkpoint", "latest", *RECIPE]  # no model named
-        assert launch[launch.index("--num_processes") + 1] == "24" and launch[launch.index("--main_process_ip") + 1] == (
-            "gpu01"
-        )
+        assert launch[launch.index("--num_processes") + 1] == "24"
+        assert launch[launch.index("--main_process_ip") + 1] == "gpu01"
     assert not any(call["name"] in ("vllm", "curl") for call in calls(env))
 
 
@@ -309,3 +319,143 @@ def test_training_that_fails_on_its_own_is_not_requeued(tmp_path, stubs):
     assert result.returncode == 1
     assert "training failed (exit 1): not requeued" in result.stderr
     assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
+
+
+def start_batch(env: dict[str, str], *args: str) -> subprocess.Popen:
+    """The batch script in a process group of its own: the batch step, which Slurm signals as a whole."""
+    return subprocess.Popen(
+        ["bash", str(BATCH), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def training_started(env: dict[str, str], batch: subprocess.Popen, nodes=("gpu02", "gpu03")) -> list[int]:
+    """Wait until every training node's launcher waits for a signal; their pids."""
+    started = [Path(f"{env['STUB_LOG']}.training-on-{node}") for node in nodes]
+    while not all(path.exists() and path.read_text() for path in started):
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    return [int(path.read_text()) for path in started]
+
+
+def requeued(env: dict[str, str]) -> bool:
+    return any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
+
+
+def test_sigterm_to_the_batch_step_ends_the_job_killing_the_training_and_is_not_requeued(tmp_path, stubs):
+    """scancel (and the time limit itself) signals every step with SIGTERM, the batch shell and srun in it too:
+    srun answers with SIGKILL to its tasks, so nothing saves, and a job Slurm is ending must not be requeued."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    batch = start_batch(env)
+    training_started(env, batch)
+    os.killpg(batch.pid, signal.SIGTERM)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode != 0
+    assert "SIGTERM: Slurm is ending the job (scancel, the time limit, or a preemption's grace time is over)" in stdout
+    assert "the job ended on SIGTERM (training exit" in stderr and "not requeued" in stderr
+    assert "srun: forcing job termination" in stderr
+    assert not any(call.get("signalled") for call in calls(env))  # killed, not asked to save
+    assert not requeued(env)
+
+
+def test_a_preemptions_sigterm_to_the_training_processes_saves_and_requeues(tmp_path, stubs):
+    """With a grace time, Slurm signals the steps' processes (not the batch shell): the training saves, writes its
+    stop record, and the job requeues on it."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    batch = start_batch(env)
+    for pid in training_started(env, batch):
+        os.kill(pid, signal.SIGTERM)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr
+    assert "training stopped (SIGTERM received), saved at step 3: requeueing job 77" in stdout
+    assert requeued(env)
+
+
+@pytest.mark.parametrize(
+    ("resumed", "stalled_before", "outcome"),
+    [
+        ("2", "0", "requeueing job 77"),  # checkpoint-3 is newer than the run's start: progress
+        ("3", "0", "without a newer checkpoint (1 run(s) in a row): requeueing"),
+        ("3", "1", "not requeued: 2 runs in a row stopped before they saved a newer checkpoint (--max_stalled_runs 2)"),
+    ],
+    ids=["progress", "first-stall", "second-stall"],
+)
+def test_a_stop_requeues_while_its_checkpoint_advances_or_up_to_the_cap(
+    tmp_path, stubs, resumed, stalled_before, outcome
+):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", STUB_RESUMED=resumed, VLLM_MAX_MODEL_LEN="1042")
+    env["SLURM_RESTART_COUNT"] = "1"
+    (tmp_path / "logs" / "77").mkdir(parents=True)
+    (tmp_path / "logs" / "77" / "stalled-runs").write_text(stalled_before)
+    batch = start_batch(env)
+    training_started(env, batch)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert outcome in stdout + stderr
+    assert requeued(env) == ("not requeued" not in outcome)
+
+
+def test_the_requeues_stop_at_max_requeues(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042", MAX_REQUEUES="4")
+    env["SLURM_RESTART_COUNT"] = "4"
+    batch = start_batch(env)
+    training_started(env, batch)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert "not requeued: job 77 was requeued 4 times (--max_requeues 4); resubmit this script to go on" in stderr
+    assert not requeued(env)
+
+
+def test_the_time_limit_warning_as_the_script_asks_for_it_reaches_the_training_and_never_the_server(tmp_path, stubs):
+    """Delivered as Slurm delivers the script's own `#SBATCH --signal`: with `B:` to the batch shell alone, without it
+    to every process of the job's steps, where the vLLM server dies of SIGUSR1 (Python's default)."""
+    directive = next(line for line in BATCH.read_text().splitlines() if line.startswith("#SBATCH --signal="))
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    batch = start_batch(env)
+    training = training_started(env, batch)
+    if directive.split("=", 1)[1].startswith("B:"):
+        batch.send_signal(signal.SIGUSR1)
+    else:
+        server = next(Path(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _runs(p, "vllm"))
+        for pid in [*training, int(server.name)]:
+            os.kill(pid, signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert requeued(env), stderr
+    assert not any(call["name"] == "vllm" and call.get("signalled") for call in calls(env))  # served to the end
+
+
+def _runs(proc: Path, name: str) -> bool:
+    try:
+        return Path((proc / "cmdline").read_bytes().split(b"\0")[0].decode()).name == name or (
+            proc / "cmdline"
+        ).read_bytes().split(b"\0")[1].decode().endswith(f"/{name}")
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_stop_while_the_server_starts_does_not_start_the_training_and_requeues(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="100000", VLLM_MAX_MODEL_LEN="1042")
+    batch = start_batch(env)
+    while "curl" not in [call["name"] for call in calls(env)]:
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr
+    assert "SIGUSR1 before the training started: it did not start" in stdout
+    assert "training stopped (SIGUSR1) without a newer checkpoint (1 run(s) in a row): requeueing job 77" in stdout
+    assert "accelerate" not in [call["name"] for call in calls(env)]
+    assert requeued(env)
+
+
+def test_the_training_exit_status_survives_a_signal_that_lands_as_the_training_ends(tmp_path, stubs):
+    """SIGUSR1 interrupts the script's `wait`, and the launchers (told by it) exit at once: the script reports
+    their status (1), never the interrupted wait's 138, however the two interleave (ten tries)."""
+    for attempt in range(10):
+        (tmp_path / str(attempt)).mkdir()
+        env = batch_env(tmp_path / str(attempt), stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+        batch = start_batch(env)
+        training_started(env, batch)
+        batch.send_signal(signal.SIGUSR1)
+        stdout, stderr = batch.communicate(timeout=60)
+        assert batch.returncode == 1, (attempt, stdout, stderr)

@@ -21,7 +21,7 @@ import torch
 from conftest import ROOT, offline_env
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster")]
 
 STEPS = 50  # long enough that a stop sent once a step is logged lands while the run trains
 RECIPE = ["--smoke", "--max_steps", str(STEPS), "--save_steps", "1000", "--eval_every_steps", "0"]
@@ -36,7 +36,8 @@ def cluster():
         pytest.skip("no Slurm here: as root, apt-get install slurm-wlm munge, then slurm/ci/cluster.sh start")
     nodes = subprocess.run(["sinfo", "--noheader", "--format=%D %t"], capture_output=True, text=True)
     if nodes.returncode != 0 or "3 idle" not in nodes.stdout:
-        pytest.skip(f"no idle 3-node cluster (slurm/ci/cluster.sh start, then export SLURM_CONF): {nodes.stderr}")
+        said = (nodes.stderr.strip().splitlines() or [nodes.stdout.strip()])[-1]
+        pytest.skip(f"no idle 3-node Slurm cluster (as root: slurm/ci/cluster.sh start, export SLURM_CONF): {said}")
 
 
 def free_port() -> int:
