@@ -134,6 +134,7 @@ def batch_env(tmp_path, stubs, nodes: int, **extra: str) -> dict[str, str]:
         "STUB_NODES": " ".join(names),
         "STUB_LOG": str(tmp_path / "calls.jsonl"),
         "LOG_DIR": str(tmp_path / "logs"),
+        "VLLM_MAX_MODEL_LEN": "1042",  # given: deriving it runs the recipe's settings (one test does)
         **extra,
     }
 
@@ -199,6 +200,7 @@ def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
     tmp_path, stubs, nodes, args, env, gpus, config, model, port, parallel, length
 ):
     env = batch_env(tmp_path, stubs, nodes, **env)
+    del env["VLLM_MAX_MODEL_LEN"]  # derived from the recipe's settings
     result = subprocess.run(["bash", str(BATCH), *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     machines = nodes - 1
@@ -345,7 +347,7 @@ def requeued(env: dict[str, str]) -> bool:
 def test_sigterm_to_the_batch_step_ends_the_job_killing_the_training_and_is_not_requeued(tmp_path, stubs):
     """scancel (and the time limit itself) signals every step with SIGTERM, the batch shell and srun in it too:
     srun answers with SIGKILL to its tasks, so nothing saves, and a job Slurm is ending must not be requeued."""
-    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
     batch = start_batch(env)
     training_started(env, batch)
     os.killpg(batch.pid, signal.SIGTERM)
@@ -361,7 +363,7 @@ def test_sigterm_to_the_batch_step_ends_the_job_killing_the_training_and_is_not_
 def test_a_preemptions_sigterm_to_the_training_processes_saves_and_requeues(tmp_path, stubs):
     """With a grace time, Slurm signals the steps' processes (not the batch shell): the training saves, writes its
     stop record, and the job requeues on it."""
-    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
     batch = start_batch(env)
     for pid in training_started(env, batch):
         os.kill(pid, signal.SIGTERM)
@@ -383,7 +385,7 @@ def test_a_preemptions_sigterm_to_the_training_processes_saves_and_requeues(tmp_
 def test_a_stop_requeues_while_its_checkpoint_advances_or_up_to_the_cap(
     tmp_path, stubs, resumed, stalled_before, outcome
 ):
-    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", STUB_RESUMED=resumed, VLLM_MAX_MODEL_LEN="1042")
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", STUB_RESUMED=resumed)
     env["SLURM_RESTART_COUNT"] = "1"
     (tmp_path / "logs" / "77").mkdir(parents=True)
     (tmp_path / "logs" / "77" / "stalled-runs").write_text(stalled_before)
@@ -396,7 +398,7 @@ def test_a_stop_requeues_while_its_checkpoint_advances_or_up_to_the_cap(
 
 
 def test_the_requeues_stop_at_max_requeues(tmp_path, stubs):
-    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042", MAX_REQUEUES="4")
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", MAX_REQUEUES="4")
     env["SLURM_RESTART_COUNT"] = "4"
     batch = start_batch(env)
     training_started(env, batch)
@@ -410,7 +412,7 @@ def test_the_time_limit_warning_as_the_script_asks_for_it_reaches_the_training_a
     """Delivered as Slurm delivers the script's own `#SBATCH --signal`: with `B:` to the batch shell alone, without it
     to every process of the job's steps, where the vLLM server dies of SIGUSR1 (Python's default)."""
     directive = next(line for line in BATCH.read_text().splitlines() if line.startswith("#SBATCH --signal="))
-    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
     batch = start_batch(env)
     training = training_started(env, batch)
     if directive.split("=", 1)[1].startswith("B:"):
@@ -434,7 +436,7 @@ def _runs(proc: Path, name: str) -> bool:
 
 
 def test_a_stop_while_the_server_starts_does_not_start_the_training_and_requeues(tmp_path, stubs):
-    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="100000", VLLM_MAX_MODEL_LEN="1042")
+    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="100000")
     batch = start_batch(env)
     while "curl" not in [call["name"] for call in calls(env)]:
         assert batch.poll() is None, batch.communicate()
@@ -450,10 +452,10 @@ def test_a_stop_while_the_server_starts_does_not_start_the_training_and_requeues
 
 def test_the_training_exit_status_survives_a_signal_that_lands_as_the_training_ends(tmp_path, stubs):
     """SIGUSR1 interrupts the script's `wait`, and the launchers (told by it) exit at once: the script reports
-    their status (1), never the interrupted wait's 138, however the two interleave (ten tries)."""
-    for attempt in range(10):
+    their status (1), never the interrupted wait's 138, however the two interleave (five tries)."""
+    for attempt in range(5):
         (tmp_path / str(attempt)).mkdir()
-        env = batch_env(tmp_path / str(attempt), stubs, 3, STUB_TRAIN="stop", VLLM_MAX_MODEL_LEN="1042")
+        env = batch_env(tmp_path / str(attempt), stubs, 3, STUB_TRAIN="stop")
         batch = start_batch(env)
         training_started(env, batch)
         batch.send_signal(signal.SIGUSR1)
