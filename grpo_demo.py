@@ -409,6 +409,7 @@ def main(argv: list[str] | None = None) -> None:
             plots.plot_curves(training_args.output_dir)  # curves.png: rewards, length, accuracy, readable without wandb
             ask = runs.ask_command(training_args.output_dir, measured[0]["question"]) if measured else None
             print(console.where_written(training_args.output_dir, saved, ask), flush=True)
+        stopping.record(signals)  # a resumable stop, told to the launcher that asks (slurm/grpo.sbatch)
         # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
         # one may still be writing the state and curves.
         trainer.accelerator.wait_for_everyone()

@@ -7,6 +7,7 @@ state and curves, says why it stopped and what to do next, and exits with a code
 preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
 is said where it is handled (and in README.md)."""
 
+import json
 import logging
 import os
 import select
@@ -17,6 +18,8 @@ from contextlib import contextmanager, suppress
 
 import torch
 from transformers import TrainerCallback
+
+from grpo_kit import runs
 
 logger = logging.getLogger("grpo_demo")
 
@@ -29,6 +32,9 @@ MODEL_ONLY = (
     "be resumed"
 )
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags every process reduces
+# Where a launcher that cannot read the processes' exit codes (torchrun exits 1 whatever they exit with) asks to be
+# told of a resumable stop: slurm/grpo.sbatch sets it. The main process writes a JSON object there (`stop_record`).
+STOP_RECORD_ENV = "GRPO_STOP_RECORD"
 
 
 class EarlyStop(TrainerCallback):
@@ -73,6 +79,25 @@ class EarlyStop(TrainerCallback):
 def exit_code(*stops: EarlyStop) -> int:
     """The exit code of the first of `stops` that stopped the run (said), 0 where none did."""
     return next((code for stop in stops if (code := stop.report()) is not None), 0)
+
+
+def record(stop: "StopOnSignal") -> None:
+    """Where $GRPO_STOP_RECORD names a file and `stop` stopped the run resumably (exit 75), the main process writes
+    it: {"exit": 75, "step", "checkpoint", "resumed_from", "reason"}. Every process agreed on that step (the reduction
+    in `on_step_end`) and saved its part before the run's last barrier, which follows this: no process ends, and so
+    no launcher (srun --kill-on-bad-exit) stops the others, before the record is written. `resumed_from` is the step
+    this run resumed from (None: a fresh start): a stop's checkpoint newer than it is progress."""
+    path = os.environ.get(STOP_RECORD_ENV)
+    if not (path and stop.main and stop.stopped and stop.exit_code == EXIT_STOPPED and not stop.model_only):
+        return
+    resumed = stop.trainer.args.resume_from_checkpoint
+    start = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(resumed))) if resumed else None
+    checkpoint = os.path.join(stop.trainer.args.output_dir, stop.checkpoint)
+    fields = {"exit": EXIT_STOPPED, "step": stop.stopped["step"], "checkpoint": checkpoint}
+    fields |= {"resumed_from": int(start[1]) if start else None, "reason": stop.stopped["reason"]}
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(fields, f)
+    os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half of it
 
 
 class StopOnSignal(EarlyStop):

@@ -504,7 +504,10 @@ def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_sam
     script, out = folder / "sigterm_in_step_1.py", folder / "stopped"
     script.write_text(SIGNAL_IN_A_STEP)
     args = [*TWO, "--output_dir", str(out)]
-    stopped = launch_two(args, folder, script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="1", SIGNAL_RANK="1")
+    record = folder / "stop.json"  # where slurm/grpo.sbatch asks for the stop every process agreed on
+    stopped = launch_two(
+        args, folder, script, SIGNAL="SIGTERM", SIGNAL_IN_STEP="1", SIGNAL_RANK="1", GRPO_STOP_RECORD=str(record)
+    )
     # The main process, which got no signal, stopped at step 1 for it; accelerate launch exits 1 when a process
     # does not exit 0, naming the processes' own exit code.
     assert stopped.returncode == 1, stopped.stdout[-4000:]
@@ -515,6 +518,9 @@ def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_sam
     assert runs.missing_parts(out / "checkpoint-1") == []
     assert all((out / "checkpoint-1" / f"rng_state_{rank}.pth").is_file() for rank in (0, 1))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
+    assert json.loads(record.read_text()) == {
+        "exit": 75, "step": 1, "checkpoint": f"{out}/checkpoint-1", "resumed_from": None, "reason": "SIGTERM received",
+    }  # fmt: skip
 
     resumed = launch_two([*args, "--resume_from_checkpoint", "latest"], folder)
     assert resumed.returncode == 0, resumed.stdout[-4000:]

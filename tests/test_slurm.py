@@ -23,7 +23,7 @@ MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 
 STUB = """#!{python}
 # A stand-in for a command of Slurm's or the cluster's: records its call as a JSON line in $STUB_LOG (name,
-# arguments, the node it runs on, the launcher's variables) and acts just enough for slurm/grpo.sbatch to go on.
+# arguments, the node it runs on, the launcher's variables) and acts as the real one does for slurm/grpo.sbatch.
 import json, os, signal, subprocess, sys
 from pathlib import Path
 
@@ -33,7 +33,8 @@ node = os.environ.get("SLURMD_NODENAME")
 
 
 def record(**extra):
-    env = {{k: os.environ[k] for k in ("PET_SIGNALS_TO_HANDLE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") if k in os.environ}}
+    names = ("PET_SIGNALS_TO_HANDLE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "GRPO_STOP_RECORD", "VLLM_HOST_IP")
+    env = {{k: os.environ[k] for k in names if k in os.environ}}
     with log.open("a") as f:
         f.write(json.dumps({{"name": name, "args": args, "node": node, "env": env, **extra}}) + "\\n")
 
@@ -49,20 +50,36 @@ if name == "scontrol":  # `show hostnames LIST`: the nodes, one a line; `requeue
     record()
     if args[:2] == ["show", "hostnames"]:
         print("\\n".join(os.environ["STUB_NODES"].split()))
-elif name == "srun":  # the command once per node of --nodelist, with that node's task rank; signals passed on
+elif name == "srun":  # the command once per node of --nodelist, as real srun runs a step (src/srun signals.c):
+    # every task in a session of its own (slurmstepd's); SIGUSR1 reaches every process of the step unchanged;
+    # SIGTERM makes srun kill the whole step with SIGKILL ("forcing job termination").
     split = next(i for i, arg in enumerate(args) if not arg.startswith("--"))  # options are written --name=value
     options, command = dict(arg[2:].partition("=")[::2] for arg in args[:split]), args[split:]
     record(options=options, command=command)
     children = []
+
+    def forward(number, frame):
+        if number == signal.SIGTERM:
+            print("srun: forcing job termination", file=sys.stderr, flush=True)
+            number = signal.SIGKILL
+        for child in children:
+            try:
+                os.killpg(child.pid, number)
+            except ProcessLookupError:
+                pass
+
     for number in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(number, lambda n, f: [child.send_signal(n) for child in children])
+        signal.signal(number, forward)
     for rank, host in enumerate(options["nodelist"].split(",")):
-        out = open(options["output"].replace("%N", host), "a")
+        out = open(options["output"].replace("%N", host), "a") if "output" in options else None
+        # SLURM_NODEID counts the step's nodes (measured on Slurm 22.05): with one task per node, the task's rank.
         env = {{**os.environ, "SLURMD_NODENAME": host, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(rank)}}
-        children.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+        children.append(subprocess.Popen(command, env=env, stdout=out, stderr=out and subprocess.STDOUT,
+                                         start_new_session=True))
     sys.exit(max(child.wait() for child in children))
-elif name == "trl":  # the vLLM server: serves until stopped
+elif name == "vllm":  # the vLLM server: serves until SIGTERM; SIGUSR1 ends it (Python's default), recorded
     record()
+    signal.signal(signal.SIGUSR1, lambda n, f: (record(signalled=["SIGUSR1"]), sys.exit(1)))
     got = wait_for_a_signal(signal.SIGTERM)
     while not got:
         signal.pause()
@@ -71,16 +88,23 @@ elif name == "curl":  # the health check: fails STUB_HEALTHY_AFTER times, then a
     after = os.environ.get("STUB_HEALTHY_AFTER", "0")
     calls = sum(json.loads(line)["name"] == "curl" for line in log.read_text().splitlines())
     sys.exit(0 if after != "never" and calls > int(after) else 7)
-elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail (1), or stop (waits for a signal)
+elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail (1), or stop: waits for a signal,
+    # then (as the recipe's processes do) the main one writes the stop record of step STUB_STEP, resumed from
+    # STUB_RESUMED, and the launcher exits 1, as torchrun does whatever its processes exit with
     print(f"accelerate on {{node}}")
     mode = os.environ.get("STUB_TRAIN", "ok")
     if mode == "stop":
         got = wait_for_a_signal(signal.SIGTERM, signal.SIGUSR1)
-        Path(f"{{log}}.training-on-{{node}}").touch()
+        Path(f"{{log}}.training-on-{{node}}").write_text(str(os.getpid()))
         while not got:
             signal.pause()
+        if os.environ["SLURM_PROCID"] == "0":
+            resumed = os.environ.get("STUB_RESUMED")
+            stop = {{"exit": 75, "step": int(os.environ.get("STUB_STEP", "3")), "checkpoint": "out/checkpoint-3",
+                    "resumed_from": int(resumed) if resumed else None, "reason": f"{{got[0]}} received"}}
+            Path(os.environ["GRPO_STOP_RECORD"]).write_text(json.dumps(stop))
         record(signalled=got)
-        sys.exit(1)  # what accelerate launch exits with once it has passed a signal on
+        sys.exit(1)
     record()
     sys.exit(0 if mode == "ok" else 1)
 """
@@ -88,10 +112,10 @@ elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail 
 
 @pytest.fixture
 def stubs(tmp_path):
-    """A folder of stand-ins for scontrol, srun, trl, curl, accelerate, and sleep (which returns at once)."""
+    """A folder of stand-ins for scontrol, srun, vllm, curl, accelerate, and sleep (which returns at once)."""
     folder = tmp_path / "bin"
     folder.mkdir()
-    for name in ("scontrol", "srun", "trl", "curl", "accelerate"):
+    for name in ("scontrol", "srun", "vllm", "curl", "accelerate"):
         (folder / name).write_text(STUB.format(python=sys.executable))
         (folder / name).chmod(0o755)
     (folder / "sleep").write_text("#!/bin/sh\n")
@@ -103,13 +127,14 @@ def batch_env(tmp_path, stubs, nodes: int, **extra: str) -> dict[str, str]:
     """A Slurm job's environment on its first node, `nodes` nodes gpu01, gpu02... allocated."""
     names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
     return {
-        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "PATH": f"{stubs}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "SLURM_JOB_ID": "77",
         "SLURM_JOB_NODELIST": f"gpu[01-{nodes:02d}]",
         "STUB_NODES": " ".join(names),
         "STUB_LOG": str(tmp_path / "calls.jsonl"),
         "LOG_DIR": str(tmp_path / "logs"),
+        "VLLM_MAX_MODEL_LEN": "1042",  # given: deriving it runs the recipe's settings (one test does)
         **extra,
     }
 
@@ -142,35 +167,53 @@ RECIPE = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
 
 
 @pytest.mark.parametrize(
-    ("nodes", "args", "env", "gpus", "config", "model", "port"),
+    ("nodes", "args", "env", "gpus", "config", "model", "port", "parallel", "length"),
     [
-        (3, ["--", *RECIPE], {}, 8, "configs/zero2.yaml", MODEL, "8000"),  # the defaults: 1 serves, 2 train
-        (  # settings from the environment and the command line (which wins)
+        (3, ["--", *RECIPE], {}, 8, "configs/zero2.yaml", MODEL, "8000", ("8", "1"), "1042"),  # 1 serves, 2 train
+        (  # settings from the environment and the command line (which wins); vLLM's sizes derived from them
             4,
-            ["--zero3", "--model", "Qwen/Qwen2.5-7B-Instruct", "--vllm_port", "8200", "--", *RECIPE],
+            [
+                "--zero3",
+                "--model",
+                "Qwen/Qwen2.5-7B-Instruct",
+                "--vllm_port",
+                "8200",
+                "--vllm_tensor_parallel",
+                "2",
+                "--",
+                *RECIPE,
+                "--max_completion_length",
+                "300",
+            ],
             {"GPUS_PER_NODE": "4", "VLLM_PORT": "8100"},
             4,
             "configs/zero3.yaml",
             "Qwen/Qwen2.5-7B-Instruct",
             "8200",
+            ("2", "2"),  # 4 GPUs / tensor parallel 2: two engines
+            str(256 + 300),  # the prompt cap and the completion length as the recipe resolves them
         ),
     ],
     ids=["defaults", "settings"],
 )
 def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
-    tmp_path, stubs, nodes, args, env, gpus, config, model, port
+    tmp_path, stubs, nodes, args, env, gpus, config, model, port, parallel, length
 ):
     env = batch_env(tmp_path, stubs, nodes, **env)
+    del env["VLLM_MAX_MODEL_LEN"]  # derived from the recipe's settings
     result = subprocess.run(["bash", str(BATCH), *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     machines = nodes - 1
     serve = [
-        "trl", "vllm-serve", "--model", model, "--data_parallel_size", str(gpus), "--tensor_parallel_size", "1",
-        "--max_model_len", "1042", "--host", "0.0.0.0", "--port", port,
+        "vllm", "serve", model, "--data-parallel-size", parallel[0], "--tensor-parallel-size", parallel[1],
+        "--max-model-len", length, "--host", "0.0.0.0", "--port", port,
+        "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+        "--max-logprobs", "-1", "--enable-scale-out",
     ]  # fmt: skip
+    extra = args[args.index("--") + 1 :]
     expected = {"gpu01": [serve]}
     for rank in range(machines):
-        expected[f"gpu{rank + 2:02d}"] = [train_command(rank, machines, machines * gpus, config, model, port, RECIPE)]
+        expected[f"gpu{rank + 2:02d}"] = [train_command(rank, machines, machines * gpus, config, model, port, extra)]
     recorded = calls(env)
     assert per_node(recorded) == expected
 
@@ -179,23 +222,40 @@ def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
     logs = tmp_path / "logs" / "77" / "run-0"
     train_nodes = ",".join(f"gpu{i:02d}" for i in range(2, nodes + 1))
     assert steps == [
-        {"nodes": "1", "ntasks": "1", "nodelist": "gpu01", "output": f"{logs}/vllm-%N.log"},
-        {
-            "nodes": str(machines), "ntasks": str(machines), "ntasks-per-node": "1", "nodelist": train_nodes,
-            "kill-on-bad-exit": "1", "output": f"{logs}/train-%N.log",
-        },
+        {"nodes": "1", "ntasks": "1", "nodelist": "gpu01", "output": f"{logs}/vllm-gpu01.log"},
+        {"nodes": str(machines), "ntasks": str(machines), "ntasks-per-node": "1", "nodelist": train_nodes,
+         "kill-on-bad-exit": "1"},
     ]  # fmt: skip
     names = [call["name"] for call in recorded]
     assert names.index("curl") < names.index("accelerate")
     assert next(call for call in recorded if call["name"] == "curl")["args"][-1] == f"http://gpu01:{port}/health"
-    # Each node's log; the launcher passes SIGUSR1 on to its processes and gives them time to save.
-    assert sorted(p.name for p in logs.iterdir()) == sorted(
-        ["vllm-gpu01.log", *(f"train-gpu{i:02d}.log" for i in range(2, nodes + 1))]
+    # Each node's log; the launcher passes SIGUSR1 on to its processes and gives them time to save; the main process
+    # is told where to write a resumable stop; the weight sync's address is set, never vLLM's 0.0.0.0.
+    assert sorted(p.name for p in logs.iterdir() if p.name.endswith(".log")) == sorted(
+        ["settings.log", "vllm-gpu01.log", *(f"train-gpu{i:02d}.log" for i in range(2, nodes + 1))]
     )
     launchers = [call for call in recorded if call["name"] == "accelerate"]
     assert all("SIGUSR1" in c["env"]["PET_SIGNALS_TO_HANDLE"].split(",") for c in launchers)
     assert {c["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] for c in launchers} == {"280"}
+    assert {c["env"]["GRPO_STOP_RECORD"] for c in launchers} == {str(logs / "stop.json")}
+    assert all(c["env"]["VLLM_HOST_IP"] not in ("", "0.0.0.0") for c in launchers)
     assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in recorded)
+
+
+def test_without_vllm_every_node_trains_with_the_recipes_model(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3)
+    result = subprocess.run(["bash", str(BATCH), "--no_vllm", "--", *RECIPE], cwd=ROOT, env=env, capture_output=True)
+    assert result.returncode == 0, result.stderr
+    launches = per_node(calls(env))
+    assert sorted(launches) == ["gpu01", "gpu02", "gpu03"]
+    for rank, node in enumerate(("gpu01", "gpu02", "gpu03")):
+        [launch] = launches[node]
+        assert launch[:4] == ["accelerate", "launch", "--machine_rank", str(rank)]
+        recipe = launch[launch.index("grpo_demo.py") + 1 :]
+        assert recipe == ["--use_vllm", "false", "--resume_from_checkpoint", "latest", *RECIPE]  # no model named
+        assert launch[launch.index("--num_processes") + 1] == "24"
+        assert launch[launch.index("--main_process_ip") + 1] == "gpu01"
+    assert not any(call["name"] in ("vllm", "curl") for call in calls(env))
 
 
 def test_the_settings_the_launch_passes_are_valid_recipe_settings(tmp_path, stubs, fake_cuda, monkeypatch):
@@ -252,7 +312,7 @@ def test_a_stop_signal_reaches_every_training_node_and_the_job_requeues_itself(t
     }
     assert [call["args"] for call in recorded if call["name"] == "scontrol"][-1] == ["requeue", "77"]
     assert "SIGUSR1: asking the training to save its step and stop" in stdout
-    assert "training stopped on SIGUSR1 (exit 1): requeueing job 77" in stdout
+    assert "training stopped (SIGUSR1 received), saved at step 3: requeueing job 77 (requeue 1 of at most 20)" in stdout
 
 
 def test_training_that_fails_on_its_own_is_not_requeued(tmp_path, stubs):
@@ -261,3 +321,143 @@ def test_training_that_fails_on_its_own_is_not_requeued(tmp_path, stubs):
     assert result.returncode == 1
     assert "training failed (exit 1): not requeued" in result.stderr
     assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
+
+
+def start_batch(env: dict[str, str], *args: str) -> subprocess.Popen:
+    """The batch script in a process group of its own: the batch step, which Slurm signals as a whole."""
+    return subprocess.Popen(
+        ["bash", str(BATCH), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def training_started(env: dict[str, str], batch: subprocess.Popen, nodes=("gpu02", "gpu03")) -> list[int]:
+    """Wait until every training node's launcher waits for a signal; their pids."""
+    started = [Path(f"{env['STUB_LOG']}.training-on-{node}") for node in nodes]
+    while not all(path.exists() and path.read_text() for path in started):
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    return [int(path.read_text()) for path in started]
+
+
+def requeued(env: dict[str, str]) -> bool:
+    return any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
+
+
+def test_sigterm_to_the_batch_step_ends_the_job_killing_the_training_and_is_not_requeued(tmp_path, stubs):
+    """scancel (and the time limit itself) signals every step with SIGTERM, the batch shell and srun in it too:
+    srun answers with SIGKILL to its tasks, so nothing saves, and a job Slurm is ending must not be requeued."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
+    batch = start_batch(env)
+    training_started(env, batch)
+    os.killpg(batch.pid, signal.SIGTERM)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode != 0
+    assert "SIGTERM: Slurm is ending the job (scancel, the time limit, or a preemption's grace time is over)" in stdout
+    assert "the job ended on SIGTERM (training exit" in stderr and "not requeued" in stderr
+    assert "srun: forcing job termination" in stderr
+    assert not any(call.get("signalled") for call in calls(env))  # killed, not asked to save
+    assert not requeued(env)
+
+
+def test_a_preemptions_sigterm_to_the_training_processes_saves_and_requeues(tmp_path, stubs):
+    """With a grace time, Slurm signals the steps' processes (not the batch shell): the training saves, writes its
+    stop record, and the job requeues on it."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
+    batch = start_batch(env)
+    for pid in training_started(env, batch):
+        os.kill(pid, signal.SIGTERM)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr
+    assert "training stopped (SIGTERM received), saved at step 3: requeueing job 77" in stdout
+    assert requeued(env)
+
+
+@pytest.mark.parametrize(
+    ("resumed", "stalled_before", "outcome"),
+    [
+        ("2", "0", "requeueing job 77"),  # checkpoint-3 is newer than the run's start: progress
+        ("3", "0", "without a newer checkpoint (1 run(s) in a row): requeueing"),
+        ("3", "1", "not requeued: 2 runs in a row stopped before they saved a newer checkpoint (--max_stalled_runs 2)"),
+    ],
+    ids=["progress", "first-stall", "second-stall"],
+)
+def test_a_stop_requeues_while_its_checkpoint_advances_or_up_to_the_cap(
+    tmp_path, stubs, resumed, stalled_before, outcome
+):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", STUB_RESUMED=resumed)
+    env["SLURM_RESTART_COUNT"] = "1"
+    (tmp_path / "logs" / "77").mkdir(parents=True)
+    (tmp_path / "logs" / "77" / "stalled-runs").write_text(stalled_before)
+    batch = start_batch(env)
+    training_started(env, batch)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert outcome in stdout + stderr
+    assert requeued(env) == ("not requeued" not in outcome)
+
+
+def test_the_requeues_stop_at_max_requeues(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", MAX_REQUEUES="4")
+    env["SLURM_RESTART_COUNT"] = "4"
+    batch = start_batch(env)
+    training_started(env, batch)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert "not requeued: job 77 was requeued 4 times (--max_requeues 4); resubmit this script to go on" in stderr
+    assert not requeued(env)
+
+
+def test_the_time_limit_warning_as_the_script_asks_for_it_reaches_the_training_and_never_the_server(tmp_path, stubs):
+    """Delivered as Slurm delivers the script's own `#SBATCH --signal`: with `B:` to the batch shell alone, without it
+    to every process of the job's steps, where the vLLM server dies of SIGUSR1 (Python's default)."""
+    directive = next(line for line in BATCH.read_text().splitlines() if line.startswith("#SBATCH --signal="))
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
+    batch = start_batch(env)
+    training = training_started(env, batch)
+    if directive.split("=", 1)[1].startswith("B:"):
+        batch.send_signal(signal.SIGUSR1)
+    else:
+        server = next(Path(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _runs(p, "vllm"))
+        for pid in [*training, int(server.name)]:
+            os.kill(pid, signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert requeued(env), stderr
+    assert not any(call["name"] == "vllm" and call.get("signalled") for call in calls(env))  # served to the end
+
+
+def _runs(proc: Path, name: str) -> bool:
+    try:
+        return Path((proc / "cmdline").read_bytes().split(b"\0")[0].decode()).name == name or (
+            proc / "cmdline"
+        ).read_bytes().split(b"\0")[1].decode().endswith(f"/{name}")
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_stop_while_the_server_starts_does_not_start_the_training_and_requeues(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="100000")
+    batch = start_batch(env)
+    while "curl" not in [call["name"] for call in calls(env)]:
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr
+    assert "SIGUSR1 before the training started: it did not start" in stdout
+    assert "training stopped (SIGUSR1) without a newer checkpoint (1 run(s) in a row): requeueing job 77" in stdout
+    assert "accelerate" not in [call["name"] for call in calls(env)]
+    assert requeued(env)
+
+
+def test_the_training_exit_status_survives_a_signal_that_lands_as_the_training_ends(tmp_path, stubs):
+    """SIGUSR1 interrupts the script's `wait`, and the launchers (told by it) exit at once: the script reports
+    their status (1), never the interrupted wait's 138, however the two interleave (five tries)."""
+    for attempt in range(5):
+        (tmp_path / str(attempt)).mkdir()
+        env = batch_env(tmp_path / str(attempt), stubs, 3, STUB_TRAIN="stop")
+        batch = start_batch(env)
+        training_started(env, batch)
+        batch.send_signal(signal.SIGUSR1)
+        stdout, stderr = batch.communicate(timeout=60)
+        assert batch.returncode == 1, (attempt, stdout, stderr)
