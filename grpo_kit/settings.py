@@ -364,7 +364,10 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     if "--help-all" in argv:  # argparse's own: every field, TRL's and transformers' texts
         argv = ["--help" if arg == "--help-all" else arg for arg in argv]
     elif "-h" in argv or "--help" in argv:
-        print(short_help(parser))
+        try:
+            print(short_help(parser), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has its lines and closed the pipe (argparse's own way)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and exit's flush finds no pipe either
         sys.exit(0)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))

@@ -464,6 +464,16 @@ def test_the_help_starts_with_the_settings_people_change_first_and_their_default
     assert "--max_steps [40]" in capsys.readouterr().out
 
 
+def test_the_help_piped_into_head_ends_quietly(monkeypatch):
+    read, write = os.pipe()
+    os.close(read)  # as `python grpo_demo.py --help | head` leaves it once head has its lines
+    with open(write, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        with pytest.raises(SystemExit) as stop:  # not a BrokenPipeError's traceback
+            grpo_demo.parse_settings(["--help"])
+    assert stop.value.code == 0
+
+
 def test_the_full_help_says_what_resume_checks_and_what_no_final_eval_does(capsys):
     with pytest.raises(SystemExit):
         grpo_demo.parse_settings(["--help-all"])
