@@ -146,8 +146,8 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     model, model_args = lm if isinstance(lm, tuple) else (lm, None)
     tracker = EvaluationTracker(output_path=str(folder / "results.json"))  # a .json path: its files beside it
     started = time.perf_counter()
-    cut = _Truncations()  # lm-eval cuts a context past the model's length and says so only in a warning
-    logging.getLogger("lm_eval.models").addHandler(cut)
+    stop = _StopAtTruncation()  # lm-eval cuts a context past the model's length and says so only in a warning
+    logging.getLogger("lm_eval.models").addHandler(stop)
     try:
         results = simple_evaluate(
             model=model,
@@ -162,16 +162,16 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
             task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
             **protocol.options,
         )
-    finally:
-        logging.getLogger("lm_eval.models").removeHandler(cut)
-    if cut.seen:
+    except _Truncated as cut:  # at its first batch: nothing of it is scored
         if created:
             shutil.rmtree(folder)  # no evaluation folder without its evaluation
         raise RecipeError(
-            f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut.first}), "
-            "so its answers there are not the model's to those questions. Choose another --eval_protocols, or a model "
-            "with more positions"
-        )
+            f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut}), so its "
+            "answers there are not the model's to those questions. Choose another --eval_protocols, or a model with "
+            "more positions"
+        ) from None
+    finally:
+        logging.getLogger("lm_eval.models").removeHandler(stop)
     seconds = time.perf_counter() - started
     # lm-eval's own files, written as `lm_eval --log_samples` writes them (its results, then each task's samples)
     samples = results.pop("samples")
@@ -210,19 +210,21 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     return summary, records
 
 
-class _Truncations(logging.Handler):
-    """Counts lm-eval's warnings that a prompt was cut to fit the model (hf: left truncation; vllm: the context
+class _Truncated(Exception):
+    """lm-eval cut a prompt to fit the model (its warning's text)."""
+
+
+class _StopAtTruncation(logging.Handler):
+    """Stops lm-eval at its warning that a prompt was cut to fit the model (hf: left truncation; vllm: the context
     truncated, or max_gen_toks reduced, to fit the model's max length)."""
 
     def __init__(self):
         super().__init__(logging.WARNING)
-        self.seen, self.first = 0, None
 
     def emit(self, record):
         message = record.getMessage()
         if "Left truncation applied" in message or "exceeds model's max length" in message:
-            self.seen += 1
-            self.first = self.first or message
+            raise _Truncated(message)
 
 
 def to_records(samples: list[dict]) -> list[dict]:
