@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,6 +371,12 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and exit's flush finds no pipe either
         sys.exit(0)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
+    if config and {"compute_environment", "distributed_type"} <= set(unknown):  # configs/zero3.yaml, ddp.yaml...
+        rest = shlex.join(argv)  # the command line but --config FILE
+        raise RecipeError(
+            f"{config} is an accelerate config (how processes launch), not the recipe's settings: "
+            f"accelerate launch --config_file {config} {Path(sys.argv[0]).name} {rest}".rstrip()
+        )
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))
     if found := [f"{place}: {names}" for place, names in where if names]:
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")

@@ -960,3 +960,11 @@ def test_every_readme_section_the_files_point_to_exists():
         assert any(name in heading for heading in headings), f'{where}: README "{name}" is no heading'
     for link in re.findall(r"\]\((docs/[^)#]+)\)", (ROOT / "README.md").read_text()):
         assert (ROOT / link).is_file(), link
+
+
+def test_an_accelerate_config_given_as_the_recipes_is_named_with_the_launch_that_takes_it():
+    message = refused(["--config", str(ROOT / "configs" / "zero3.yaml"), "--smoke"])
+    assert message == (
+        f"{ROOT / 'configs' / 'zero3.yaml'} is an accelerate config (how processes launch), not the recipe's settings: "
+        f"accelerate launch --config_file {ROOT / 'configs' / 'zero3.yaml'} {Path(sys.argv[0]).name} --smoke"
+    )
