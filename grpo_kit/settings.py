@@ -242,7 +242,8 @@ FIRST_SETTINGS = {
     "max_steps": "Optimizer steps to train; -1: num_train_epochs over the data",
     "learning_rate": "AdamW's peak learning rate (cosine schedule, 10 % warmup)",
     "num_generations": "Completions sampled per prompt: the group whose rewards GRPO normalises",
-    "per_device_train_batch_size": "Completions per device per micro-step (a multiple of num_generations)",
+    "per_device_train_batch_size": "Completions per device per micro-step (x gradient_accumulation_steps x processes: "
+    "a multiple of num_generations)",
     "gradient_accumulation_steps": "Micro-steps per optimizer step",
     "max_completion_length": "Tokens a completion may run to before it is cut",
     "temperature": "Sampling temperature of the rollouts",

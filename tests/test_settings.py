@@ -968,3 +968,11 @@ def test_an_accelerate_config_given_as_the_recipes_is_named_with_the_launch_that
         f"{ROOT / 'configs' / 'zero3.yaml'} is an accelerate config (how processes launch), not the recipe's settings: "
         f"accelerate launch --config_file {ROOT / 'configs' / 'zero3.yaml'} {Path(sys.argv[0]).name} --smoke"
     )
+
+
+def test_the_help_says_the_generation_batch_not_the_micro_batch_divides_by_num_generations(capsys):
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "micro-step (x gradient_accumulation_steps x processes: a multiple of num_generations)" in shown
+    resolved(["--num_generations", "16", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"])
