@@ -262,6 +262,7 @@ def _parser(config: Path | None = None):
     where = f" (on the command line or in {config})" if config else ""
 
     def error(message: str):  # argparse's own prints the whole usage first: hundreds of lines
+        message = message.rstrip(".")  # transformers' boolean parser ends its own with one
         raise RecipeError(f"Invalid setting{where}: {message}. python {Path(sys.argv[0]).name} --help lists them all")
 
     parser.error = error

@@ -976,3 +976,9 @@ def test_the_help_says_the_generation_batch_not_the_micro_batch_divides_by_num_g
     shown = " ".join(capsys.readouterr().out.split())
     assert "micro-step (x gradient_accumulation_steps x processes: a multiple of num_generations)" in shown
     resolved(["--num_generations", "16", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"])
+
+
+def test_a_bad_boolean_is_named_in_one_sentence():
+    message = refused(["--smoke", "--memory_plan", "maybe"])
+    assert message.startswith("Invalid setting: argument --memory_plan/--memory-plan: Truthy value expected: got maybe")
+    assert "(case insensitive). python " in message and ".." not in message
