@@ -106,6 +106,8 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
         def on_step_end(self, args, state, control, **kwargs):
             if self.bar is not None:
                 self.bar.update(state.global_step - self.bar.n)
+                if state.global_step >= state.max_steps:  # closed before the final evaluation prints its table
+                    self.on_train_end(args, state, control)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and ("loss" in logs or "reward" in logs):
