@@ -124,3 +124,22 @@ def test_the_bar_is_closed_at_the_last_step_before_the_final_evaluation_prints(m
     state.global_step = 4
     shown.on_step_end(None, state, None)
     assert bars[0].closed and bars[0].n == 4
+
+
+def test_lm_evals_warnings_of_the_trainers_own_model_are_filtered_and_its_truncation_is_not():
+    class Kept(logging.Handler):
+        said: list[str] = []
+
+        def emit(self, record):
+            self.said.append(record.getMessage())
+
+    console.quiet_libraries()
+    hf_log, kept = logging.getLogger("lm_eval.models.huggingface"), Kept()
+    hf_log.addHandler(kept)
+    try:
+        hf_log.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+        hf_log.warning("Passed an already-initialized model through `pretrained`, assuming single-process call")
+        hf_log.warning("Left truncation applied. Original sequence length was 483, truncating to last 256 tokens.")
+    finally:
+        hf_log.removeHandler(kept)
+    assert kept.said == ["Left truncation applied. Original sequence length was 483, truncating to last 256 tokens."]
