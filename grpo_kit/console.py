@@ -11,13 +11,17 @@ from pathlib import Path
 
 logger = logging.getLogger("grpo_demo")
 
-# (logger, start of the message, why): informational lines of transformers that read like faults here
+# (logger, start of the message), why above each: informational lines of libraries that read like faults here
 LIBRARY_LINES = (
     # Checkpoints are ordered by step when their mtimes tie (a copy, a network filesystem): nothing to do.
     ("transformers.trainer_utils", "mtime may not be reliable on this filesystem"),
     # Tied embeddings (Qwen2.5, Llama 3.2 and the tiny models): lm_head shares embed_tokens' weights, which were
     # loaded. The trainer's own check lists it as missing from the checkpoint; a checkpoint lacking another key is said.
     ("transformers.trainer", "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."),
+    # A training run's baseline and final hand lm-eval the trainer's own model, in one process (several processes
+    # and ZeRO-3 are refused at start): lm-eval warns of exactly that, twice, at each evaluation.
+    ("lm_eval.models.huggingface", "`pretrained` model kwarg is not of type `str`."),
+    ("lm_eval.models.huggingface", "Passed an already-initialized model through `pretrained`"),
 )
 
 
@@ -106,6 +110,8 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
         def on_step_end(self, args, state, control, **kwargs):
             if self.bar is not None:
                 self.bar.update(state.global_step - self.bar.n)
+                if state.global_step >= state.max_steps:  # closed before the final evaluation prints its table
+                    self.on_train_end(args, state, control)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and ("loss" in logs or "reward" in logs):

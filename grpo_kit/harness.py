@@ -10,8 +10,11 @@ task's version, its shots, every setting and the `lm_eval` command line that giv
 import json
 import logging
 import shlex
+import shutil
 from importlib.metadata import version
 from pathlib import Path
+
+from grpo_kit import RecipeError
 
 logger = logging.getLogger("grpo_demo")
 
@@ -135,6 +138,7 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     from grpo_kit.evaluation import questions_fingerprint
     from grpo_kit.scoring import summarize
 
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     config = task_config(protocol.task, dataset_dir)
     task_file = folder / TASK_FILE
@@ -142,19 +146,32 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     model, model_args = lm if isinstance(lm, tuple) else (lm, None)
     tracker = EvaluationTracker(output_path=str(folder / "results.json"))  # a .json path: its files beside it
     started = time.perf_counter()
-    results = simple_evaluate(
-        model=model,
-        model_args=model_args,
-        tasks=[str(task_file)],
-        batch_size=settings["batch_size"],
-        limit=settings["limit"],
-        device=settings["device"],
-        gen_kwargs={"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] is not None else None,
-        log_samples=True,
-        evaluation_tracker=tracker,
-        task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
-        **protocol.options,
-    )
+    stop = _StopAtTruncation()  # lm-eval cuts a context past the model's length and says so only in a warning
+    logging.getLogger("lm_eval.models").addHandler(stop)
+    try:
+        results = simple_evaluate(
+            model=model,
+            model_args=model_args,
+            tasks=[str(task_file)],
+            batch_size=settings["batch_size"],
+            limit=settings["limit"],
+            device=settings["device"],
+            gen_kwargs={"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] is not None else None,
+            log_samples=True,
+            evaluation_tracker=tracker,
+            task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
+            **protocol.options,
+        )
+    except _Truncated as cut:  # at its first batch: nothing of it is scored
+        if created:
+            shutil.rmtree(folder)  # no evaluation folder without its evaluation
+        raise RecipeError(
+            f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut}), so its "
+            "answers there are not the model's to those questions. Choose another --eval_protocols, or a model with "
+            "more positions"
+        ) from None
+    finally:
+        logging.getLogger("lm_eval.models").removeHandler(stop)
     seconds = time.perf_counter() - started
     # lm-eval's own files, written as `lm_eval --log_samples` writes them (its results, then each task's samples)
     samples = results.pop("samples")
@@ -191,6 +208,23 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     if samples:
         summary["first_prompt"] = _prompt(samples[0])
     return summary, records
+
+
+class _Truncated(Exception):
+    """lm-eval cut a prompt to fit the model (its warning's text)."""
+
+
+class _StopAtTruncation(logging.Handler):
+    """Stops lm-eval at its warning that a prompt was cut to fit the model (hf: left truncation; vllm: the context
+    truncated, or max_gen_toks reduced, to fit the model's max length)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "Left truncation applied" in message or "exceeds model's max length" in message:
+            raise _Truncated(message)
 
 
 def to_records(samples: list[dict]) -> list[dict]:

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,7 +242,8 @@ FIRST_SETTINGS = {
     "max_steps": "Optimizer steps to train; -1: num_train_epochs over the data",
     "learning_rate": "AdamW's peak learning rate (cosine schedule, 10 % warmup)",
     "num_generations": "Completions sampled per prompt: the group whose rewards GRPO normalises",
-    "per_device_train_batch_size": "Completions per device per micro-step (a multiple of num_generations)",
+    "per_device_train_batch_size": "Completions per device per micro-step (x gradient_accumulation_steps x processes: "
+    "a multiple of num_generations)",
     "gradient_accumulation_steps": "Micro-steps per optimizer step",
     "max_completion_length": "Tokens a completion may run to before it is cut",
     "temperature": "Sampling temperature of the rollouts",
@@ -260,6 +262,7 @@ def _parser(config: Path | None = None):
     where = f" (on the command line or in {config})" if config else ""
 
     def error(message: str):  # argparse's own prints the whole usage first: hundreds of lines
+        message = message.rstrip(".")  # transformers' boolean parser ends its own with one
         raise RecipeError(f"Invalid setting{where}: {message}. python {Path(sys.argv[0]).name} --help lists them all")
 
     parser.error = error
@@ -364,9 +367,18 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     if "--help-all" in argv:  # argparse's own: every field, TRL's and transformers' texts
         argv = ["--help" if arg == "--help-all" else arg for arg in argv]
     elif "-h" in argv or "--help" in argv:
-        print(short_help(parser))
+        try:
+            print(short_help(parser), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has its lines and closed the pipe (argparse's own way)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and exit's flush finds no pipe either
         sys.exit(0)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
+    if config and {"compute_environment", "distributed_type"} <= set(unknown):  # configs/zero3.yaml, ddp.yaml...
+        rest = shlex.join(argv)  # the command line but --config FILE
+        raise RecipeError(
+            f"{config} is an accelerate config (how processes launch), not the recipe's settings: "
+            f"accelerate launch --config_file {config} {Path(sys.argv[0]).name} {rest}".rstrip()
+        )
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))
     if found := [f"{place}: {names}" for place, names in where if names]:
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")

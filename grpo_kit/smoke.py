@@ -20,6 +20,9 @@ MODEL_DIRS = {kind: f"{ASSETS_DIR}/tiny-{kind}" for kind in TINY_MODELS}  # in <
 DATA_DIR = f"{ASSETS_DIR}/gsm8k-generated"  # seed 42
 PLAIN = {"tags": ("reasoning", "answer"), "seed": 42}  # the assets' terms that their folders' plain names stand for
 STAMP = "made_with.json"  # in each asset folder: what built it
+# The smoke model's positions: room for lm-eval's tasks with their default 256 new tokens (gsm8k_cot-chat's 8 shots
+# run to ~1,700 tokens), so that --smoke runs every protocol; the demo's model keeps 512 (it is refused there).
+SMOKE_POSITIONS = 2048
 CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # an edit of the builders here builds anew
 
 
@@ -200,9 +203,11 @@ def build_tokenizer(corpus: list[str], tags: tuple[str, ...], vocab_size: int = 
     return fast
 
 
-def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers: int = 2, kind: str = "qwen2"):
+def build_tiny_model(
+    tokenizer, seed: int = 0, hidden_size: int = 64, num_layers: int = 2, kind: str = "qwen2", positions: int = 512
+):
     """A randomly initialised causal LM of `kind` sized for CPU tests, for a tokenizer of that kind: its config and
-    generation config name the token ids as the real models' do."""
+    generation config name the token ids as the real models' do; `positions` its max_position_embeddings."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -220,7 +225,7 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 64, num_layers
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.convert_tokens_to_ids(conventions["bos"]),
         eos_token_id=ends[0] if len(ends) == 1 else ends,
@@ -245,7 +250,7 @@ def prepare(answer_format, model_dir: str, data_dir: str | None, seed: int = 0) 
             texts = corpus(answer_format, make_problems(256, seed), kind)
             tokenizer = build_tokenizer(texts, answer_format.tags, kind=kind)
             tokenizer.save_pretrained(path)
-            build_tiny_model(tokenizer, seed, kind=kind).save_pretrained(path)
+            build_tiny_model(tokenizer, seed, kind=kind, positions=SMOKE_POSITIONS).save_pretrained(path)
 
         system = [message["content"] for message in answer_format.chat_prompt("")]
         made_with = dict(kind=kind, seed=seed, tags=answer_format.tags, system=system, conventions=CONVENTIONS[kind])

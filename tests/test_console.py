@@ -91,3 +91,55 @@ def test_the_ask_hint_keeps_what_shapes_the_prompt_and_names_the_saved_model():
     assert ask_command("out", "Q?", ["grpo_demo.py", "--smoke", "true", "--tiny_model=llama3"]) == (
         "python grpo_demo.py --smoke true --tiny_model=llama3 --model_name_or_path out --ask 'Q?'"
     )
+
+
+def test_the_bar_is_closed_at_the_last_step_before_the_final_evaluation_prints(monkeypatch):
+    """In a terminal the final table printed while the bar stood ran into it (`4/4 [00:02]GSM8K, baseline vs...`)."""
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, initial, **kwargs):
+            self.n, self.closed = initial, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    callbacks = []
+    trainer = SimpleNamespace(remove_callback=lambda kind: None, add_callback=callbacks.append)
+    console.install(trainer, CORRECT)
+    (shown,) = callbacks
+    state = SimpleNamespace(is_world_process_zero=True, max_steps=4, global_step=0)
+    shown.on_train_begin(None, state, None)
+    for step in (1, 2, 3):
+        state.global_step = step
+        shown.on_step_end(None, state, None)
+    assert not bars[0].closed
+    state.global_step = 4
+    shown.on_step_end(None, state, None)
+    assert bars[0].closed and bars[0].n == 4
+
+
+def test_lm_evals_warnings_of_the_trainers_own_model_are_filtered_and_its_truncation_is_not():
+    class Kept(logging.Handler):
+        said: list[str] = []
+
+        def emit(self, record):
+            self.said.append(record.getMessage())
+
+    console.quiet_libraries()
+    hf_log, kept = logging.getLogger("lm_eval.models.huggingface"), Kept()
+    hf_log.addHandler(kept)
+    try:
+        hf_log.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+        hf_log.warning("Passed an already-initialized model through `pretrained`, assuming single-process call")
+        hf_log.warning("Left truncation applied. Original sequence length was 483, truncating to last 256 tokens.")
+    finally:
+        hf_log.removeHandler(kept)
+    assert kept.said == ["Left truncation applied. Original sequence length was 483, truncating to last 256 tokens."]

@@ -62,3 +62,18 @@ def test_a_protocol_past_the_models_positions_is_refused_with_the_reason(tiny):
         "Cannot measure in recipe (its longest prompt "
     ) and "+ 500 new): past the model's 512" in (message)
     assert "Choose another --eval_protocols" in message
+
+
+def test_the_readmes_demo_question_is_one_the_demo_model_was_taught_to_read():
+    """The demo's model reads the two phrasings its problems use (`gets N more`, `gave N of them away`) and nothing
+    else: asked in other words (`finds 8 more`) it answers noise, so the README's example must be in one of them."""
+    import re
+
+    from conftest import ROOT
+
+    from grpo_kit import demo
+
+    asked = re.search(r'--demo --ask "([^"]+)"', (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
+    train, test = demo.make_problems(2000, 256, seed=0)
+    phrasings = {re.sub(r"\d+", "N", row["question"]) for row in train + test}
+    assert re.sub(r"\d+", "N", asked) in phrasings, asked

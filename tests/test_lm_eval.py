@@ -16,7 +16,7 @@ import yaml
 from conftest import offline_env
 
 import grpo_demo
-from grpo_kit import harness
+from grpo_kit import RecipeError, harness
 
 LIMIT, MAX_GEN_TOKS = 6, 24
 
@@ -29,6 +29,7 @@ def lively_dir(tiny_dir, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("lively")
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model.config.max_position_embeddings = 2048  # as the smoke model's: gsm8k_cot-chat's 8 shots fit, uncut
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
@@ -207,3 +208,17 @@ def test_decorated_answers_get_lm_evals_own_verdicts(tmp_path):
     assert verdicts == DECORATED
     assert summary["accuracy_strict"] == summary["lm_eval_results"]["strict"] == 4 / len(DECORATED)
     assert summary["accuracy_lenient"] == summary["lm_eval_results"]["lenient"] == 6 / len(DECORATED)
+
+
+def test_a_task_whose_prompts_lm_eval_cuts_to_fit_the_model_is_refused_not_scored(tiny, gsm8k_dir, tmp_path):
+    """lm-eval left-truncates a 5-shot prompt past the model's length (max_length - max_gen_toks) and scores what the
+    model says to the cut text: a number that does not measure it. The recipe says so and writes no evaluation."""
+    from lm_eval.models.huggingface import HFLM
+
+    tokenizer, model = tiny
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=2, max_length=96)  # 5 shots are several hundred
+    settings = {"batch_size": 2, "limit": 2, "max_gen_toks": 8, "device": "cpu"}
+    folder = tmp_path / "eval" / "final-gsm8k"
+    with pytest.raises(RecipeError, match=r"Cannot measure in gsm8k: lm-eval cut its prompts .*truncating to last 88"):
+        harness.evaluate(lm, harness.Harness("gsm8k"), gsm8k_dir, folder, settings, model_name="m", saved_as={})
+    assert not folder.exists()

@@ -464,6 +464,16 @@ def test_the_help_starts_with_the_settings_people_change_first_and_their_default
     assert "--max_steps [40]" in capsys.readouterr().out
 
 
+def test_the_help_piped_into_head_ends_quietly(monkeypatch):
+    read, write = os.pipe()
+    os.close(read)  # as `python grpo_demo.py --help | head` leaves it once head has its lines
+    with open(write, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        with pytest.raises(SystemExit) as stop:  # not a BrokenPipeError's traceback
+            grpo_demo.parse_settings(["--help"])
+    assert stop.value.code == 0
+
+
 def test_the_full_help_says_what_resume_checks_and_what_no_final_eval_does(capsys):
     with pytest.raises(SystemExit):
         grpo_demo.parse_settings(["--help-all"])
@@ -950,3 +960,25 @@ def test_every_readme_section_the_files_point_to_exists():
         assert any(name in heading for heading in headings), f'{where}: README "{name}" is no heading'
     for link in re.findall(r"\]\((docs/[^)#]+)\)", (ROOT / "README.md").read_text()):
         assert (ROOT / link).is_file(), link
+
+
+def test_an_accelerate_config_given_as_the_recipes_is_named_with_the_launch_that_takes_it():
+    message = refused(["--config", str(ROOT / "configs" / "zero3.yaml"), "--smoke"])
+    assert message == (
+        f"{ROOT / 'configs' / 'zero3.yaml'} is an accelerate config (how processes launch), not the recipe's settings: "
+        f"accelerate launch --config_file {ROOT / 'configs' / 'zero3.yaml'} {Path(sys.argv[0]).name} --smoke"
+    )
+
+
+def test_the_help_says_the_generation_batch_not_the_micro_batch_divides_by_num_generations(capsys):
+    with pytest.raises(SystemExit):
+        grpo_demo.parse_settings(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "micro-step (x gradient_accumulation_steps x processes: a multiple of num_generations)" in shown
+    resolved(["--num_generations", "16", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"])
+
+
+def test_a_bad_boolean_is_named_in_one_sentence():
+    message = refused(["--smoke", "--memory_plan", "maybe"])
+    assert message.startswith("Invalid setting: argument --memory_plan/--memory-plan: Truthy value expected: got maybe")
+    assert "(case insensitive). python " in message and ".." not in message
