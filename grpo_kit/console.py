@@ -170,6 +170,11 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
         f"tokens each",
         f"  length     {steps} on {rows} prompts; checkpoints every {args.save_steps:g} steps",
     ]
+    reuse = (getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps) // max(
+        args.gradient_accumulation_steps, 1
+    )
+    if reuse > 1:  # TRL samples a generation batch once and trains `reuse` optimizer steps on its slices
+        lines.insert(4, f"  rollouts   one generation batch serves {reuse} optimizer steps (steps_per_generation)")
     return "\n".join(lines)
 
 

@@ -40,6 +40,11 @@ def test_a_run_opens_with_its_model_objective_precision_and_batch_arithmetic():
         "processes), up to 786 tokens each",
         "  length     1 epoch(s) on 7473 prompts; checkpoints every 100 steps",
     ]
+    args.steps_per_generation = 4  # TRL's default: gradient_accumulation_steps, one generation batch per step
+    assert len(console.settings_summary(None, args, model, 7473).splitlines()) == 5
+    args.gradient_accumulation_steps, args.steps_per_generation = 1, 16  # the GSPO preset's 16 on the demo's 1
+    said = console.settings_summary(None, args, model, 7473).splitlines()
+    assert said[4] == "  rollouts   one generation batch serves 16 optimizer steps (steps_per_generation)"
 
 
 def test_the_closing_lines_name_only_what_the_run_wrote(tmp_path):
