@@ -182,7 +182,7 @@ def one_gpu(training_args) -> int | None:
 
     if training_args.use_cpu or world_size() > 1 or not cuda_available():
         return None
-    if str(training_args.distributed_state.distributed_type).rsplit(".", 1)[-1] not in ("NO", "DistributedType.NO"):
+    if str(training_args.distributed_state.distributed_type).rsplit(".", 1)[-1] != "NO":
         return None
     if (count := torch.cuda.device_count()) > 1:
         logger.warning(
