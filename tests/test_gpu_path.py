@@ -285,3 +285,14 @@ def test_the_kl_reference_computes_in_bf16_and_deepspeed_loads_bf16(fake_cuda, m
 
 def test_docs_name_the_memory_table():
     assert "memory_table.py" in Path(ROOT / "docs" / "memory.md").read_text()
+
+
+@pytest.mark.parametrize("flag, planned", [([], True), (["--memory_plan", "false"], False)])
+def test_memory_plan_false_reaches_the_check_before_the_weights(monkeypatch, flag, planned):
+    seen = []
+    monkeypatch.setattr(checks, "enough_data", lambda *a: None)
+    monkeypatch.setattr(checks.runs, "same_data", lambda *a: None)
+    monkeypatch.setattr(checks, "model_and_disk", lambda m, t, tokens, plan: seen.append(plan))
+    v = resolved(flag)
+    checks.before_the_weights([], v, v, v)
+    assert seen == [planned]
