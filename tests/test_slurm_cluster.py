@@ -74,15 +74,24 @@ class Job:
         path = self.folder / "logs" / self.id / f"run-{run}" / f"train-{node}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def queued(self) -> bool:
+        """Whether the job is still in the queue (pending, running or completing)."""
+        listed = subprocess.run(["squeue", "--noheader", "-j", self.id], capture_output=True, text=True)
+        return bool(listed.stdout.strip())
+
     def until(self, what: str, ready) -> None:
+        """Wait until `ready()`; fail at once if the job has left the queue without it."""
         deadline = time.monotonic() + HANG
         while not ready():
-            assert time.monotonic() < deadline, f"job {self.id}: no {what}: {self.info()}\n{self.log()[-3000:]}"
+            ended = not self.queued() and not ready()
+            assert not ended and time.monotonic() < deadline, (
+                f"job {self.id}: no {what}{' before it ended' if ended else ''}: {self.info()}\n{self.log()[-3000:]}"
+            )
             time.sleep(0.5)
 
     def step(self, run: int, step: int) -> None:
-        """Wait until run `run` has logged step `step` (the main process's progress bar, on n1)."""
-        self.until(f"step {step} in run {run}", lambda: f"{step}/{STEPS} [" in self.train_log(run))
+        """Wait until run `run` has logged step `step` (the main process's step line, on n1)."""
+        self.until(f"step {step} in run {run}", lambda: f"step {step}/{STEPS} " in self.train_log(run))
 
     def running(self, run: int) -> None:
         """Wait until run `run` of the job runs and its script has started (its first line: its traps are set)."""
@@ -90,8 +99,10 @@ class Job:
 
     def done(self) -> dict[str, str]:
         """Wait until the job has left the queue for good; its last state."""
-        listed = lambda: subprocess.run(["squeue", "--noheader", "-j", self.id], capture_output=True, text=True)  # noqa: E731
-        self.until("end", lambda: not listed().stdout.strip())
+        deadline = time.monotonic() + HANG
+        while self.queued():
+            assert time.monotonic() < deadline, f"job {self.id}: no end: {self.info()}\n{self.log()[-3000:]}"
+            time.sleep(0.5)
         return self.info()
 
     def scancel(self, *options: str) -> None:
@@ -137,13 +148,17 @@ def stopped_and_resumed(job: Job, whole: Path, why: str) -> int:
 
 
 def test_the_time_limit_saves_the_step_on_every_node_requeues_once_and_resumes_to_the_same_weights(whole, tmp_path):
-    """`--signal=B:USR1@N` before a short time limit: once training runs, the limit is brought within N of now (the
-    warning comes at slurmctld's next check); the requeued run gets a limit it will not reach."""
+    """`--signal=B:USR1@N` before a short time limit: once training runs, the limit is brought within N of now. The
+    warning comes at slurmctld's next time-limit check, which can be tens of seconds away: the training step is held
+    (SIGSTOP) until the batch shell has it, so that it lands mid-run however fast the steps are, then let go (SIGCONT).
+    The requeued run gets a limit it will not reach."""
     job = Job(tmp_path, ["--time=15", "--signal=B:USR1@600"], NO_VLLM, RECIPE)
     job.step(0, 2)
+    job.scancel("--signal=STOP")  # the training step's processes, not the batch shell
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=5"], check=True)  # 5 min: within 600 s
     job.until("time-limit warning", lambda: "SIGUSR1: asking the training to save its step and stop" in job.log())
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=60"], check=True)  # the next run's
+    job.scancel("--signal=CONT")
     step = stopped_and_resumed(job, whole, "SIGUSR1 received")
     assert f"Stopped at step {step}: SIGUSR1 received. Saved: checkpoint-{step}." in job.train_log(0)
 
