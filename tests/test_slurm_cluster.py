@@ -99,10 +99,7 @@ class Job:
 
     def done(self) -> dict[str, str]:
         """Wait until the job has left the queue for good; its last state."""
-        deadline = time.monotonic() + HANG
-        while self.queued():
-            assert time.monotonic() < deadline, f"job {self.id}: no end: {self.info()}\n{self.log()[-3000:]}"
-            time.sleep(0.5)
+        self.until("end", lambda: not self.queued())
         return self.info()
 
     def scancel(self, *options: str) -> None:
