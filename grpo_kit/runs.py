@@ -523,6 +523,36 @@ def same_data(train, run, training_args) -> None:
     logger.warning("Resuming %s: %s (--allow_changed_settings)", checkpoint, change)
 
 
+def same_data_order(trainer) -> None:
+    """A run resumed in a later epoch trains on the prompts, in the order, of the run that never stopped. TRL's
+    RepeatSampler shuffles each epoch with the next permutation of one generator seeded once; the Trainer skips the
+    resumed epoch's trained steps but makes a new sampler, whose first permutation is the first epoch's: every step
+    after the resume would train on other prompts. So at the start of training the sampler draws the permutations
+    of the epochs the checkpoint holds, as the run that never stopped did."""
+    import torch
+    from transformers import TrainerCallback
+
+    made, make = [], trainer._get_train_sampler
+
+    def sampler(*args, **kwargs):
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    trainer._get_train_sampler = sampler
+
+    class SameDataOrder(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            drawn = made[-1] if made else None
+            if state.global_step == 0 or not getattr(drawn, "shuffle", False) or train_dataloader is None:
+                return
+            batches = len(train_dataloader)  # an epoch's optimizer steps, as the Trainer counts them when it resumes
+            per_epoch = max(-(-batches // args.gradient_accumulation_steps), 1)
+            for _ in range(state.global_step // per_epoch):
+                torch.randperm(drawn.num_samples, generator=drawn.generator)
+
+    trainer.add_callback(SameDataOrder())
+
+
 # ---------------------------------------------- The run record --------------------------------------------------------
 def package_versions() -> dict[str, str | None]:
     """Installed versions of the libraries that change results; None for one that is absent."""
@@ -597,11 +627,13 @@ def model_facts(model) -> dict:
 
 
 def start(trainer, settings: dict, dataset) -> dict | None:
-    """Rotate the trainer's checkpoints by `rotate_checkpoints`; write the run record (main process), link it from
+    """Rotate the trainer's checkpoints by `rotate_checkpoints`, resume on the data order of the run that never
+    stopped; write the run record (main process), link it from
     wandb, and note peak GPU memory into it at the end."""
     from transformers import TrainerCallback
 
     rotate_own_checkpoints(trainer)
+    same_data_order(trainer)
     args = trainer.args
     if args.resume_from_checkpoint:
         same_parameters(trainer.model, args.resume_from_checkpoint)
