@@ -295,9 +295,7 @@ def test_training_waits_for_the_servers_health_check_and_gives_up_with_a_message
 def test_a_stop_signal_reaches_every_training_node_and_the_job_requeues_itself(tmp_path, stubs):
     """Slurm's SIGUSR1 before the time limit (--signal=B:USR1@300) reaches the batch script only."""
     env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
-    batch = subprocess.Popen(
-        ["bash", str(BATCH)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    batch = start_batch(env)
     started = [Path(f"{env['STUB_LOG']}.training-on-{node}") for node in ("gpu02", "gpu03")]
     while not all(path.exists() for path in started):
         assert batch.poll() is None, batch.communicate()
@@ -323,12 +321,28 @@ def test_training_that_fails_on_its_own_is_not_requeued(tmp_path, stubs):
     assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in calls(env))
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_batch_left_running():
+    """A test that fails midway leaves no batch script behind: its process group is killed (one that waits for a
+    server that never answers would otherwise run for a day)."""
+    yield
+    while STARTED:
+        batch = STARTED.pop()
+        if batch.poll() is None:
+            os.killpg(batch.pid, signal.SIGKILL)
+            batch.communicate()
+
+
 def start_batch(env: dict[str, str], *args: str) -> subprocess.Popen:
     """The batch script in a process group of its own: the batch step, which Slurm signals as a whole."""
-    return subprocess.Popen(
+    STARTED.append(subprocess.Popen(
         ["bash", str(BATCH), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
-    )  # fmt: skip
+    ))  # fmt: skip
+    return STARTED[-1]
 
 
 def training_started(env: dict[str, str], batch: subprocess.Popen, nodes=("gpu02", "gpu03")) -> list[int]:
