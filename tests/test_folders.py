@@ -279,6 +279,7 @@ def test_every_process_of_a_run_rotates_so(tmp_path):
 
     trainer = SimpleNamespace(args=args, state=state, accelerator=SimpleNamespace(is_main_process=False))
     trainer._save_checkpoint, trainer._get_output_dir = save, lambda trial: str(out)
+    trainer._get_train_sampler, trainer.add_callback = lambda dataset=None: None, lambda callback: None
     assert runs.start(trainer, {}, None) is None
     for state.global_step in (1, 2):
         trainer._save_checkpoint(None, None)

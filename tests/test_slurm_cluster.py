@@ -29,15 +29,18 @@ NO_VLLM = ["--no_vllm", "--gpus_per_node", "1", "--accelerate_config", "configs/
 HANG = 900  # seconds: a job that takes longer than this is stuck (a guard, not a measure)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: other modules' tests may run between the tier's, under xdist
 def cluster():
-    """The running cluster ($SLURM_CONF), its three nodes idle; skipped, saying why, where there is none."""
+    """The running cluster ($SLURM_CONF), its three nodes up (idle, or still ending another test's job: a job waits
+    for them); skipped, saying why, where there is none."""
     if not shutil.which("sbatch"):
         pytest.skip("no Slurm here: as root, apt-get install slurm-wlm munge, then slurm/ci/cluster.sh start")
     nodes = subprocess.run(["sinfo", "--noheader", "--format=%D %t"], capture_output=True, text=True)
-    if nodes.returncode != 0 or "3 idle" not in nodes.stdout:
-        said = (nodes.stderr.strip().splitlines() or [nodes.stdout.strip()])[-1]
-        pytest.skip(f"no idle 3-node Slurm cluster (as root: slurm/ci/cluster.sh start, export SLURM_CONF): {said}")
+    states = dict(reversed(line.split()) for line in nodes.stdout.splitlines() if len(line.split()) == 2)
+    up = sum(int(count) for state, count in states.items() if state in ("idle", "alloc", "mix", "comp"))
+    if nodes.returncode != 0 or up != 3:
+        said = (nodes.stderr.strip().splitlines() or [nodes.stdout.strip().replace("\n", ", ")])[-1]
+        pytest.skip(f"no 3-node Slurm cluster up (as root: slurm/ci/cluster.sh start, export SLURM_CONF): {said}")
 
 
 def free_port() -> int:
@@ -113,7 +116,7 @@ def assert_same_weights(run: Path, whole: Path) -> None:
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def whole(cluster, tmp_path_factory):
     """The run uninterrupted on the three nodes: it finishes, and is not requeued."""
     job = Job(tmp_path_factory.mktemp("whole"), [], NO_VLLM, RECIPE)
