@@ -628,8 +628,8 @@ def model_facts(model) -> dict:
 
 def start(trainer, settings: dict, dataset) -> dict | None:
     """Rotate the trainer's checkpoints by `rotate_checkpoints`, resume on the data order of the run that never
-    stopped; write the run record (main process), link it from
-    wandb, and note peak GPU memory into it at the end."""
+    stopped (`same_data_order`); write the run record (main process), link it from wandb, and note peak GPU memory
+    into it at the end."""
     from transformers import TrainerCallback
 
     rotate_own_checkpoints(trainer)

@@ -38,6 +38,18 @@ def offline_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def assert_same_final_weights(run: Path, whole: Path) -> None:
+    """`run`'s saved weights are `whole`'s bit for bit: a resume restores everything the steps after it depend on
+    (weights, optimizer, scheduler, RNG, the data order), and the CPU's kernels (gloo's sums too) are deterministic."""
+    import torch
+    from safetensors.torch import load_file
+
+    whole_weights, run_weights = load_file(whole / "model.safetensors"), load_file(run / "model.safetensors")
+    assert run_weights.keys() == whole_weights.keys()
+    for name, tensor in whole_weights.items():
+        torch.testing.assert_close(run_weights[name], tensor, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def run_recipe(args: list[str], cwd: Path, script: Path = ROOT / "grpo_demo.py", timeout: int = 900, **env: str):
     """`python grpo_demo.py ARGS` (or another recipe file) in `cwd`, offline; stdout and stderr captured together."""
     cwd.mkdir(parents=True, exist_ok=True)

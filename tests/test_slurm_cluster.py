@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT, offline_env
-from safetensors.torch import load_file
+from conftest import ROOT, assert_same_final_weights, offline_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster")]
 
@@ -109,13 +107,6 @@ class Job:
         subprocess.run(["scancel", *options, self.id], check=True)
 
 
-def assert_same_weights(run: Path, whole: Path) -> None:
-    """Bit for bit, as in tests/test_runs.py: gloo's sums over the same three processes are deterministic too."""
-    expected, got = load_file(whole / "model.safetensors"), load_file(run / "model.safetensors")
-    for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0)
-
-
 @pytest.fixture(scope="session")
 def whole(cluster, tmp_path_factory):
     """The run uninterrupted on the three nodes: it finishes, and is not requeued."""
@@ -142,9 +133,11 @@ def stopped_and_resumed(job: Job, whole: Path, why: str) -> int:
     assert 0 < step < STEPS
     checkpoint = job.out / f"checkpoint-{step}"
     assert all((checkpoint / f"rng_state_{rank}.pth").is_file() for rank in range(3))  # every node's part
-    assert f"Resuming from {checkpoint}" in job.train_log(1)
+    resumed = job.train_log(1)
+    assert f"Resuming from {checkpoint}" in resumed
+    assert f"step {step + 1}/{STEPS} " in resumed and f"step {step}/{STEPS} " not in resumed  # not trained again
     assert "training finished" in log.split(f"job {job.id}, run 1:")[1]
-    assert_same_weights(job.out, whole)
+    assert_same_final_weights(job.out, whole)
     return step
 
 
