@@ -518,6 +518,7 @@ def test_two_processes_stop_together_when_one_gets_sigterm_and_resume_to_the_sam
     resumed = launch_two([*args, "--resume_from_checkpoint", "latest"], folder)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert f"Resuming from {out}/checkpoint-1" in resumed.stdout
+    assert logged_steps(resumed.stdout) == 1  # step 2 alone (a seeded rerun from step 0 ends on the same weights)
     assert_same_final_weights(out, whole)
 
 
