@@ -83,21 +83,45 @@ def exit_code(*stops: EarlyStop) -> int:
 
 def record(stop: "StopOnSignal") -> None:
     """Where $GRPO_STOP_RECORD names a file and `stop` stopped the run resumably (exit 75), the main process writes
-    it: {"exit": 75, "step", "checkpoint", "resumed_from", "reason"}. Every process agreed on that step (the reduction
-    in `on_step_end`) and saved its part before the run's last barrier, which follows this: no process ends, and so
-    no launcher (srun --kill-on-bad-exit) stops the others, before the record is written. `resumed_from` is the step
-    this run resumed from (None: a fresh start): a stop's checkpoint newer than it is progress."""
-    path = os.environ.get(STOP_RECORD_ENV)
-    if not (path and stop.main and stop.stopped and stop.exit_code == EXIT_STOPPED and not stop.model_only):
+    it (`write_record`). Every process agreed on that step (the reduction in `on_step_end`) and saved its part before
+    the run's last barrier, which follows this: no process ends, and so no launcher (srun --kill-on-bad-exit) stops
+    the others, before the record is written."""
+    if stop.main and stop.stopped and stop.exit_code == EXIT_STOPPED and not stop.model_only:
+        step = stop.stopped["step"]
+        write_record(stop.trainer.args, EXIT_STOPPED, step, stop.stopped["reason"], reached=step)
+
+
+def write_record(args, code: int, step: int | None, reason: str, reached: int | None) -> None:
+    """The stop record, where $GRPO_STOP_RECORD names a file: {"exit", "step", "checkpoint", "resumed_from",
+    "reason", "reached"}: `step` is the newest complete checkpoint's (None: none), `resumed_from` the step this run
+    resumed from (None: a fresh start; a checkpoint newer than it is progress), `reached` the step the run had
+    trained to (past `step`: the steps after the checkpoint are lost)."""
+    if not (path := os.environ.get(STOP_RECORD_ENV)):
         return
-    resumed = stop.trainer.args.resume_from_checkpoint
-    start = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(resumed))) if resumed else None
-    checkpoint = os.path.join(stop.trainer.args.output_dir, stop.checkpoint)
-    fields = {"exit": EXIT_STOPPED, "step": stop.stopped["step"], "checkpoint": checkpoint}
-    fields |= {"resumed_from": int(start[1]) if start else None, "reason": stop.stopped["reason"]}
+    checkpoint = None if step is None else os.path.join(args.output_dir, f"checkpoint-{step}")
+    fields = {"exit": code, "step": step, "checkpoint": checkpoint, "resumed_from": resumed_step(args)}
+    fields |= {"reason": reason, "reached": reached}
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(fields, f)
     os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half of it
+
+
+def resumed_step(args) -> int | None:
+    """The step of the checkpoint the run resumes from (`latest` resolved as it parsed), None for a fresh start."""
+    start = args.resume_from_checkpoint
+    named = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(start))) if start else None
+    return int(named[1]) if named else None
+
+
+def server_mode(args) -> bool:
+    """Whether the run generates with a vLLM server (TRL's `vllm_mode` "server"), which a preemption ends too."""
+    return bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "server"
+
+
+def newest_step(output_dir: str) -> int | None:
+    """The step of the newest checkpoint in `output_dir` that a resume can use (every part saved), None where none."""
+    complete = [p for p in runs.checkpoint_folders(output_dir) if not runs.missing_parts(p)]
+    return int(complete[-1].name.removeprefix("checkpoint-")) if complete else None
 
 
 class StopOnSignal(EarlyStop):
@@ -183,7 +207,11 @@ def on_signals(trainer):
     """Within this block SIGTERM, SIGUSR1, SIGHUP and Ctrl-C stop `trainer`'s run after the step in progress, with its
     checkpoint (see the module docstring); the handlers before it are put back after it. A signal the process was
     started ignoring (nohup, a shell's background job) stays ignored, as Python leaves an ignored Ctrl-C. Under
-    --save_only_model, whose checkpoints cannot be resumed, the run says so as it starts."""
+    --save_only_model, whose checkpoints cannot be resumed, the run says so as it starts. With a vLLM server, a step
+    that fails after a stop signal came (the server, which a preemption signals with the training, gone mid-step)
+    leaves a stop record of the newest complete checkpoint (`write_record`), the steps after it lost, and raises on.
+    Without one a failure is a failure, even after a signal (torchrun's SIGTERM to the others when one process
+    crashed): no record."""
     stop = StopOnSignal(trainer)
     if stop.model_only and stop.main:
         logger.warning("%s: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75", MODEL_ONLY)
@@ -196,6 +224,12 @@ def on_signals(trainer):
                 previous[number] = signal.signal(number, stop.receive)
     try:
         yield stop
+    except Exception as err:  # vLLM's server, which a preemption signals with the training, gone mid-step
+        args = trainer.args
+        if stop.received and not stop.stopped and stop.main and not stop.model_only and server_mode(args):
+            reason = f"{stop.received} received, then the step in progress failed ({type(err).__name__})"
+            write_record(args, 1, newest_step(args.output_dir), reason, reached=trainer.state.global_step)
+        raise
     finally:
         for number, handler in previous.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)

@@ -4,6 +4,7 @@ second Ctrl-C stops at once. Whole runs that stop and resume (one process and tw
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -261,3 +262,71 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
         control = trainer.callback_handler.on_step_end(args, state, TrainerControl())  # stopping: not measured
     assert control.should_save and control.should_training_stop
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A stop a launcher must read (slurm/grpo.sbatch): a step that fails after the signal, with a vLLM server
+
+
+@pytest.fixture
+def stop_record(tmp_path, monkeypatch):
+    """Where the run writes its stop record ($GRPO_STOP_RECORD, as slurm/grpo.sbatch sets it)."""
+    monkeypatch.setenv(stopping.STOP_RECORD_ENV, str(tmp_path / "stop.json"))
+    return tmp_path / "stop.json"
+
+
+@pytest.mark.parametrize(
+    ("signalled", "server", "recorded"),
+    [(True, True, True), (False, True, False), (True, False, False)],
+    ids=["server-then-signal", "no-signal", "no-server"],
+)
+def test_a_step_that_fails_after_a_stop_signal_with_a_vllm_server_records_the_newest_complete_checkpoint(
+    signalled, server, recorded, tmp_path, stop_record, monkeypatch
+):
+    """A preemption's SIGTERM reaches vLLM's server too, and the step in progress fails without it: the record names
+    the newest complete checkpoint and the step reached (the steps after that checkpoint are lost), and the error
+    goes on. A failure without a stop signal is a failure, and so is one after a signal without a server (torchrun
+    sends SIGTERM to the other processes when one crashed): no record."""
+    out = tmp_path / "run"
+    for step in (2, 4, 6):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+    monkeypatch.setattr(stopping.runs, "missing_parts", lambda p: ["its weights"] if p.name == "checkpoint-6" else [])
+    state = TrainerState(global_step=5, max_steps=10)
+    trainer = fake_trainer(state)
+    trainer.args = SimpleNamespace(
+        output_dir=str(out), resume_from_checkpoint=str(out / "checkpoint-2"), save_only_model=False,
+        use_vllm=server, vllm_mode="server",
+    )  # fmt: skip
+    with pytest.raises(ConnectionError), stopping.on_signals(trainer) as stop:
+        stop.on_train_begin(None, state, TrainerControl())
+        if signalled:
+            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next line
+        raise ConnectionError("the vLLM server is gone")
+    if not recorded:
+        assert not stop_record.exists()
+        return
+    assert json.loads(stop_record.read_text()) == {
+        "exit": 1, "step": 4, "checkpoint": f"{out}/checkpoint-4", "resumed_from": 2,
+        "reason": "SIGTERM received, then the step in progress failed (ConnectionError)", "reached": 5,
+    }  # fmt: skip
+
+
+def test_a_failure_after_a_saved_stop_keeps_its_record(tmp_path, stop_record):
+    """A stop that saved its step wrote its record (exit 75): an error after it (closing the trackers) keeps it."""
+    state = TrainerState(global_step=4, max_steps=10)
+    trainer = fake_trainer(state)
+    trainer.args = SimpleNamespace(
+        output_dir=str(tmp_path / "run"), resume_from_checkpoint=None, save_only_model=False, use_vllm=True,
+        vllm_mode="server",
+    )  # fmt: skip
+    with pytest.raises(OSError), stopping.on_signals(trainer) as stop:
+        stop.on_train_begin(None, state, TrainerControl())
+        os.kill(os.getpid(), signal.SIGUSR1)
+        state.global_step = 5
+        stop.on_step_end(None, state, TrainerControl())
+        stopping.record(stop)
+        raise OSError("wandb could not be closed")
+    assert json.loads(stop_record.read_text()) == {
+        "exit": 75, "step": 5, "checkpoint": f"{tmp_path}/run/checkpoint-5", "resumed_from": None,
+        "reason": "SIGUSR1 received", "reached": 5,
+    }  # fmt: skip
