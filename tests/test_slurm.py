@@ -24,7 +24,7 @@ MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 STUB = """#!{python}
 # A stand-in for a command of Slurm's or the cluster's: records its call as a JSON line in $STUB_LOG (name,
 # arguments, the node it runs on, the launcher's variables) and acts as the real one does for slurm/grpo.sbatch.
-import json, os, signal, subprocess, sys
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 name, args = Path(sys.argv[0]).name, sys.argv[1:]
@@ -83,6 +83,10 @@ elif name == "vllm":  # the vLLM server: serves until SIGTERM; SIGUSR1 ends it (
     got = wait_for_a_signal(signal.SIGTERM)
     while not got:
         signal.pause()
+elif name == "sleep":  # a nap: recorded as it starts, and if SIGTERM ends it (most tests use a `sleep` that returns)
+    signal.signal(signal.SIGTERM, lambda n, f: (record(signalled=["SIGTERM"]), sys.exit(143)))
+    record()
+    time.sleep(float(args[0]))
 elif name == "curl":  # the health check: fails STUB_HEALTHY_AFTER times, then answers ("never": never does)
     record()
     after = os.environ.get("STUB_HEALTHY_AFTER", "0")
@@ -90,7 +94,8 @@ elif name == "curl":  # the health check: fails STUB_HEALTHY_AFTER times, then a
     sys.exit(0 if after != "never" and calls > int(after) else 7)
 elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail (1), or stop: waits for a signal,
     # then (as the recipe's processes do) the main one writes the stop record of step STUB_STEP, resumed from
-    # STUB_RESUMED, and the launcher exits 1, as torchrun does whatever its processes exit with
+    # STUB_RESUMED (where STUB_REACHED is set: the step in progress failed after the signal, the run had reached
+    # that step), and the launcher exits 1, as torchrun does whatever its processes exit with
     print(f"accelerate on {{node}}")
     mode = os.environ.get("STUB_TRAIN", "ok")
     if mode == "stop":
@@ -99,9 +104,12 @@ elif name == "accelerate":  # one node's launcher: STUB_TRAIN ok (exit 0), fail 
         while not got:
             signal.pause()
         if os.environ["SLURM_PROCID"] == "0":
-            resumed = os.environ.get("STUB_RESUMED")
+            resumed, reached = os.environ.get("STUB_RESUMED"), os.environ.get("STUB_REACHED")
             stop = {{"exit": 75, "step": int(os.environ.get("STUB_STEP", "3")), "checkpoint": "out/checkpoint-3",
                     "resumed_from": int(resumed) if resumed else None, "reason": f"{{got[0]}} received"}}
+            if reached:
+                stop |= {{"exit": 1, "reached": int(reached), "reason": f"{{got[0]}} received, then the step in "
+                         "progress failed (ConnectionError)"}}
             Path(os.environ["GRPO_STOP_RECORD"]).write_text(json.dumps(stop))
         record(signalled=got)
         sys.exit(1)
@@ -236,7 +244,7 @@ def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
     )
     launchers = [call for call in recorded if call["name"] == "accelerate"]
     assert all("SIGUSR1" in c["env"]["PET_SIGNALS_TO_HANDLE"].split(",") for c in launchers)
-    assert {c["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] for c in launchers} == {"280"}
+    assert {c["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] for c in launchers} == {"240"}
     assert {c["env"]["GRPO_STOP_RECORD"] for c in launchers} == {str(logs / "stop.json")}
     assert all(c["env"]["VLLM_HOST_IP"] not in ("", "0.0.0.0") for c in launchers)
     assert not any(call["name"] == "scontrol" and call["args"][0] == "requeue" for call in recorded)
@@ -411,6 +419,84 @@ def test_a_stop_requeues_while_its_checkpoint_advances_or_up_to_the_cap(
     assert requeued(env) == ("not requeued" not in outcome)
 
 
+@pytest.mark.parametrize(
+    ("resumed", "outcome"),
+    [
+        ("2", "steps 4-5 lost), newest checkpoint at step 3: requeueing job 77"),  # newer than its start: progress
+        ("3", "steps 4-5 lost) without a newer checkpoint (1 run(s) in a row): requeueing job 77"),
+    ],
+    ids=["progress", "stall"],
+)
+def test_a_step_that_fails_after_a_preemptions_sigterm_says_what_is_lost_and_requeues(
+    tmp_path, stubs, resumed, outcome
+):
+    """A preemption's SIGTERM reaches the vLLM server's step as well: the training's step in progress then fails
+    (its main process loses the server mid-generation), and its stop record names the newest complete checkpoint
+    and the step the run had reached. Requeued as any stop is, by whether that checkpoint is newer than the run's
+    start; the steps after it stated as lost."""
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", STUB_RESUMED=resumed, STUB_REACHED="5")
+    batch = start_batch(env)
+    for pid in training_started(env, batch):
+        os.kill(pid, signal.SIGTERM)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert batch.returncode == 1, stderr
+    assert (
+        "training stopped (SIGTERM received, then the step in progress failed (ConnectionError); " + outcome
+    ) in stdout, stdout + stderr
+    assert requeued(env)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (
+            ["--gpus_per_node", "99999999999999999999"],
+            {},
+            "--gpus_per_node 99999999999999999999: expected a whole number from 1 to 9999999",
+        ),  # fmt: skip
+        (["--gpus_per_node", "0"], {}, "--gpus_per_node 0: expected a whole number from 1 to 9999999"),
+        ([], {"VLLM_PORT": "70000"}, "--vllm_port 70000: expected a whole number from 1 to 65535"),
+        (["--main_port", "80a"], {}, "--main_port 80a: expected a whole number from 1 to 65535"),
+        (["--max_requeues", "-1"], {}, "--max_requeues -1: expected a whole number from 0 to 9999999"),
+        (
+            ["--vllm_tensor_parallel", "16"],
+            {},
+            "--vllm_tensor_parallel 16: the serving node has 8 GPUs (--gpus_per_node)",
+        ),
+        ([], {"NO_VLLM": "yes"}, "NO_VLLM=yes: expected 1 (no vLLM server) or 0"),
+        (["--vllm_port"], {}, "--vllm_port needs a value"),
+        (["--nodes", "3"], {}, "unknown option --nodes (--help lists them; the recipe's settings go after --)"),
+    ],
+    ids=[
+        "overflow",
+        "zero-gpus",
+        "port-env",
+        "port-text",
+        "negative",
+        "tensor-parallel",
+        "no-vllm",
+        "no-value",
+        "sbatch-option",
+    ],  # fmt: skip
+)
+def test_a_bad_setting_is_refused_with_a_message_before_anything_runs(tmp_path, stubs, args, env, said):
+    env = batch_env(tmp_path, stubs, 3, **env)
+    result = subprocess.run(["bash", str(BATCH), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr == f"slurm/grpo.sbatch: {said}\n"
+    assert [call["name"] for call in calls(env)] == []  # nothing started, not even the node list asked for
+
+
+def test_max_requeues_0_never_requeues(tmp_path, stubs):
+    env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop")
+    batch = start_batch(env, "--max_requeues", "0")
+    training_started(env, batch)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert "saved at step 3: not requeued: job 77 was requeued 0 times (--max_requeues 0)" in stderr
+    assert not requeued(env)
+
+
 def test_the_requeues_stop_at_max_requeues(tmp_path, stubs):
     env = batch_env(tmp_path, stubs, 3, STUB_TRAIN="stop", MAX_REQUEUES="4")
     env["SLURM_RESTART_COUNT"] = "4"
@@ -462,6 +548,22 @@ def test_a_stop_while_the_server_starts_does_not_start_the_training_and_requeues
     assert "training stopped (SIGUSR1) without a newer checkpoint (1 run(s) in a row): requeueing job 77" in stdout
     assert "accelerate" not in [call["name"] for call in calls(env)]
     assert requeued(env)
+
+
+def test_a_signal_ends_the_nap_between_two_health_checks(tmp_path, stubs):
+    """The script naps 10 s between two health checks of the server: a stop signal ends the nap (its `sleep` killed)
+    rather than waiting it out, which would come off the time limit's 300 s, or a scancel's 30 s (KillWait)."""
+    (stubs / "sleep").write_text(STUB.format(python=sys.executable))
+    env = batch_env(tmp_path, stubs, 3, STUB_HEALTHY_AFTER="never", VLLM_WAIT="100000")
+    batch = start_batch(env)
+    while not any(call["name"] == "sleep" for call in calls(env)):
+        assert batch.poll() is None, batch.communicate()
+        time.sleep(0.01)
+    batch.send_signal(signal.SIGUSR1)
+    stdout, stderr = batch.communicate(timeout=60)
+    assert "SIGUSR1 before the training started: it did not start" in stdout, stderr
+    naps = [call for call in calls(env) if call["name"] == "sleep" and call["args"] == ["10"]]
+    assert [call.get("signalled") for call in naps] == [None, ["SIGTERM"]], naps  # one nap, ended by the signal
 
 
 WAIT_UNDER_SIGNALS = r"""
