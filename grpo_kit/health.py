@@ -58,6 +58,17 @@ SHRINKING = 0.85  # a cause: completions 15 % shorter than at the start, the rea
 COLD = 0.5  # a cause: entropy half the start's, sampling nearer greedy, groups differ less
 
 CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_learning", "not_finite")
+# What each check needs before it can say anything, ok included (not_learning: `Watcher._not_learning_needs`). A run
+# that ends sooner says "too few steps to judge" for it: a check that never looked is not a check that passed.
+NEEDS = {
+    "truncation": f"{TRUNCATED_WINDOW} logged steps",
+    "no_signal": f"{NO_SIGNAL_WINDOW} logged steps",
+    "format_only": f"{FORMAT_WINDOW} logged steps",
+    "length_runaway": f"{2 * LENGTH_WINDOW} logged steps",
+    "entropy_collapse": f"{2 * ENTROPY_WINDOW} logged steps",
+    "not_finite": "1 logged step",
+}
+UNJUDGED = "unjudged"  # what a check returns while it has too few steps to judge
 CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
 ACCURACY = "eval_accuracy_strict"  # greedy accuracy on a subset, logged by the evaluation during training
 LENGTH, ENTROPY = "completions/mean_length", "entropy"
@@ -119,6 +130,8 @@ class Watcher:
         self.findings: list[dict] = []
         self.entropy_start: float | None = None  # the mean of the first ENTROPY_WINDOW steps' entropy
         self._judged: tuple = (0, 0, None)  # not_learning: (values judged, judgments held running, its finding)
+        self.steps = 0  # training steps observed
+        self.judged: set[str] = set()  # the checks that have had enough steps to judge
 
     def observe(self, entry: dict) -> tuple[dict[str, float], list[dict]]:
         """Take one logged entry: ({`health/<check>`: 1.0 where it holds now, else 0.0}, the findings it makes
@@ -128,6 +141,7 @@ class Watcher:
             if _number(accuracy := entry.get(ACCURACY)) is not None and math.isfinite(accuracy):
                 self.accuracy.append((step, float(accuracy)))
             return {}, []
+        self.steps += 1
         for key, value in entry.items():
             if _number(value) is not None and math.isfinite(value):  # a NaN is the not_finite check's, not a trend
                 self.series[key].append(float(value))
@@ -137,6 +151,10 @@ class Watcher:
         metrics, new = {}, []
         for name in self.enabled:
             seen = getattr(self, f"_{name}")(entry)
+            if seen == UNJUDGED:
+                seen = None
+            else:
+                self.judged.add(name)
             metrics[f"health/{name}"] = 1.0 if seen else 0.0
             if seen and all(finding["check"] != name for finding in self.findings):
                 new.append(self.record(name, step, *seen))
@@ -161,8 +179,15 @@ class Watcher:
             return None
         return _mean([rate / top for rate, top in zip(rates, self.correct.values(), strict=True)])
 
+    def unjudged(self) -> dict[str, str]:
+        """{check: what it needs to judge} of the enabled checks that have not had enough steps (or their metric)."""
+        needs = {**NEEDS, "not_learning": self._not_learning_needs()}
+        return {name: needs[name] for name in self.enabled if name not in self.judged}
+
     def _truncation(self, entry):
-        if (last := self._last(CLIPPED, TRUNCATED_WINDOW)) is None or min(last) < TRUNCATED_SHARE:
+        if (last := self._last(CLIPPED, TRUNCATED_WINDOW)) is None:
+            return UNJUDGED
+        if min(last) < TRUNCATED_SHARE:
             return None
         n = self.args.max_completion_length
         return (
@@ -173,7 +198,11 @@ class Watcher:
         )
 
     def _no_signal(self, entry):
-        if (last := self._last(ZERO_STD, NO_SIGNAL_WINDOW)) is None or min(last) < NO_SIGNAL_SHARE:
+        if self._nothing_earned():
+            return self._nothing_earned_remedy()
+        if (last := self._last(ZERO_STD, NO_SIGNAL_WINDOW)) is None:
+            return UNJUDGED
+        if min(last) < NO_SIGNAL_SHARE:
             return None
         what = f"{ZERO_STD} {_fmt(last)} over the last {NO_SIGNAL_WINDOW} steps: in most groups every completion earns "
         what += "the same reward, so its advantages are 0 and it teaches nothing"
@@ -181,6 +210,35 @@ class Watcher:
         if rate is not None and rate >= SOLVED_RATE:
             return what, "the training problems are solved: more steps teach little; stop here or use harder ones"
         return what, f"more varied groups: {self._more_generations()}{self._warmer(' or ')}"
+
+    def _nothing_earned(self) -> bool:
+        """Whether every completion of every group has earned exactly 0 at every step since the first: no advantage
+        is non-zero, so the run cannot learn, and waiting for a window of steps would only spend them."""
+        zero_std, rewards = self.series.get(ZERO_STD, []), self.series.get("reward", [])
+        every = len(zero_std) == len(rewards) == self.steps
+        return every and min(zero_std) >= 1.0 and max(abs(r) for r in rewards) == 0.0
+
+    def _nothing_earned_remedy(self) -> tuple[str, str]:
+        """What is wrong when nothing has earned a reward, read off the steps so far, and what fits each cause: more
+        generations or a warmer temperature would only sample more of the same."""
+        n, steps = self.args.max_completion_length, self.steps
+        what = f"every completion of every group has earned 0 in all {steps} step(s) so far ({ZERO_STD} 1, reward 0)"
+        what += ": every advantage is 0, so nothing is learned"
+        causes, remedies = [], []
+        cut = self.series.get(CLIPPED, [])
+        if cut and _mean(cut) >= TRUNCATED_SHARE:
+            causes.append(f"{100 * _mean(cut):.0f} % of completions are cut at max_completion_length ({n} tokens)")
+            remedies.append(f"a longer limit, --max_completion_length {2 * n if n else 'doubled'}")
+        formed = [max(self.series[key]) for key in self.form if self.series.get(key)]
+        if formed and max(formed) == 0.0:
+            causes.append("no completion writes a tag of the answer format (every format reward 0)")
+            remedies.append(
+                "a model that writes the format at least sometimes: a supervised warm start on it first "
+                '(--warm_start_rows 64: README, "A small model on a CPU"), or a stronger model'
+            )
+        what += f"; {'; '.join(causes)}" if causes else ""
+        remedies = remedies or ["read the completions table (gold vs extracted): a reward paying nothing shows there"]
+        return what, "; or ".join(remedies)
 
     def _more_generations(self) -> str:
         """Twice the generations per prompt, with twice the accumulation: the prompts per step stay, and the
@@ -200,7 +258,7 @@ class Watcher:
         shares = [self._last(key, FORMAT_WINDOW) for key in self.form]
         rates = self._last("_correct_rate", FORMAT_WINDOW)  # None without a correctness reward
         if rates is None or not shares or None in shares:
-            return None
+            return UNJUDGED
         formed = [min(s) / self.form[key] for s, key in zip(shares, self.form, strict=True)]
         if min(formed) < FORMAT_CEILING_SHARE or max(rates) >= FORMAT_CORRECT_RATE:
             return None
@@ -216,7 +274,7 @@ class Watcher:
     def _length_runaway(self, entry):
         lengths, rates = self._last(LENGTH, 2 * LENGTH_WINDOW), self._last("_correct_rate", 2 * LENGTH_WINDOW)
         if lengths is None or rates is None:
-            return None
+            return UNJUDGED
         before, now = _mean(lengths[:LENGTH_WINDOW]), _mean(lengths[LENGTH_WINDOW:])
         gain = _mean(rates[LENGTH_WINDOW:]) - _mean(rates[:LENGTH_WINDOW])
         if now < LENGTH_GROWTH * before or gain >= LENGTH_GAIN:
@@ -231,7 +289,9 @@ class Watcher:
 
     def _entropy_collapse(self, entry):
         last, start = self._last(ENTROPY, ENTROPY_WINDOW), self.entropy_start
-        if start is None or len(self.series[ENTROPY]) < 2 * ENTROPY_WINDOW or max(last) >= ENTROPY_SHARE * start:
+        if start is None or len(self.series[ENTROPY]) < 2 * ENTROPY_WINDOW:
+            return UNJUDGED
+        if max(last) >= ENTROPY_SHARE * start:
             return None
         change = (self._scaled_lr(0.5) or "a lower --learning_rate") + self._warmer(", ")
         if not self.args.beta:
@@ -252,8 +312,10 @@ class Watcher:
             window = max(NOT_LEARNING_WINDOW, len(values) // 4)
             start, recent = values[:window], values[-window:]
             every, floor = NOT_LEARNING_WINDOW, 0.01
-        if not judged or None in values or len(values) == self._judged[0]:
-            return self._judged[2] if judged and self._judged[1] >= NOT_LEARNING_HOLD * every else None
+        if not judged or None in values:
+            return UNJUDGED
+        if len(values) == self._judged[0]:
+            return self._judged[2] if self._judged[1] >= NOT_LEARNING_HOLD * every else None
         spread = math.sqrt(_mean([(b - a) ** 2 for a, b in zip(values[:-1], values[1:], strict=True)]) / 2)  # no trend
         error = max(spread, floor) * math.sqrt(1 / len(start) + 1 / len(recent))
         rise = _mean(recent) - _mean(start)
@@ -282,6 +344,11 @@ class Watcher:
         larger += "read the completions table (gold vs extracted) for answers the reward does not read"
         self._judged = (*self._judged[:2], (what, "; ".join(remedies or [larger])))
         return self._judged[2]
+
+    def _not_learning_needs(self) -> str:
+        if self.measured:
+            return f"{NOT_LEARNING_MEASUREMENTS + 1} accuracy measurements during training"
+        return f"{3 * NOT_LEARNING_WINDOW} logged steps with the correctness reward's share"
 
     def _why_not_learning(self) -> list[tuple[str, str]]:
         """(cause, remedy) for each metric of the last NOT_LEARNING_WINDOW logged steps that explains a flat signal."""
@@ -468,7 +535,11 @@ class HealthCallback(EarlyStop):
         self.write()
 
     def status(self) -> str:
-        return "stopped" if self.stopped else "findings" if self.watcher.findings else "ok"
+        """stopped, findings, ok (every check on judged, none fired) or "too few steps" (none fired, some could not
+        judge: the run was shorter than their windows)."""
+        if self.stopped or self.watcher.findings:
+            return "stopped" if self.stopped else "findings"
+        return "too few steps" if self.watcher.unjudged() else "ok"
 
     def write(self) -> None:
         if not self.main:
@@ -478,18 +549,26 @@ class HealthCallback(EarlyStop):
         cost["training_ms_per_step"] = round(per_step * (time.perf_counter() - self.started), 1)
         record = {"status": self.status(), "stopped": self.stopped, "findings": self.watcher.findings}
         record.update(checks={name: name in self.watcher.enabled for name in CHECKS}, cost=cost)
+        record["too_few_steps"] = self.watcher.unjudged()  # check: what it needs to judge (the run had fewer)
         measured = self.watcher.measured  # what not_learning judges
         record["not_learning_reads"] = f"{ACCURACY} ({measured} questions)" if measured else "the correct share"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def summary_line(self) -> str:
-        if not self.watcher.findings and not self.stopped:
-            return f"Training health: ok ({len(self.watcher.enabled)} checks, {self.path})"
-        lines = [f"Training health: {self.status()} ({self.path})"]
+        unjudged, enabled = self.watcher.unjudged(), len(self.watcher.enabled)
+        if self.watcher.findings or self.stopped:
+            lines = [f"Training health: {self.status()} ({self.path})"]
+        elif unjudged:  # never "ok" for a check that could not look
+            lines = [f"Training health: no finding, but too few steps to judge {len(unjudged)} of {enabled} checks "
+                     f"({self.watcher.steps} logged) ({self.path})"]  # fmt: skip
+        else:
+            lines = [f"Training health: ok ({enabled} checks, {self.path})"]
         lines += [f"  step {f['step']}: {f['check']} -> {f['change']}" for f in self.watcher.findings]
         if self.stopped:
             lines.append("  stopped at step {step}: {reason}; saved {saved}".format(**self.stopped))
+        if unjudged:
+            lines.append("  too few steps to judge: " + ", ".join(f"{name} needs {n}" for name, n in unjudged.items()))
         return "\n".join(lines)
 
 

@@ -275,8 +275,10 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
     assert all(f"rewards/{name}/mean" in e for e in steps for name in REWARD_NAMES)
     measured = [e["step"] for e in state["log_history"] if "eval_accuracy_strict" in e]
     assert measured == list(range(0, 41, 5))  # the start, then every 5 steps, for the curves
-    assert json.loads((run / "health.json").read_text())["findings"] == []  # a healthy run says so
-    assert "Training health: ok" in result.stdout
+    health = json.loads((run / "health.json").read_text())
+    assert health["findings"] == []  # a healthy run says so, and which check its 40 steps are too few for
+    assert list(health["too_few_steps"]) == ["length_runaway"]  # two windows of 50 steps
+    assert "Training health: no finding, but too few steps to judge 1 of 7 checks (40 logged)" in result.stdout
     # The console a person reads: a line per step, the accuracy table, the verdict and where it all is, in <= 120
     lines = result.stdout.splitlines()
     assert len(lines) <= 120, f"{len(lines)} lines"

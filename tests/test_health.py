@@ -422,6 +422,60 @@ def fake_trainer(tmp_path: Path, callbacks: list | None = None):
     )
 
 
+NOTHING = {"reward": 0.0, "frac_reward_zero_std": 1.0, **{key.replace("/", "__"): 0.0 for key in {**FORM, **CORRECT}}}
+WARM = "a supervised warm start on it first (--warm_start_rows 64"
+LONGER = "a longer limit, --max_completion_length 1572"
+
+
+@pytest.mark.parametrize(
+    ("changes", "fired", "says", "not_says"),
+    [
+        ({**NOTHING, "completions__clipped_ratio": 0.0}, 1, [WARM], [LONGER]),  # it ends, but never in the format
+        ({**NOTHING, "completions__clipped_ratio": 1.0}, 1, [LONGER, WARM], []),  # cut before any tag, or no tags
+        ({**NOTHING, "reward": lambda s: 0.0 if s < 3 else 0.5}, 1, [WARM], []),  # said at once, not again later
+        ({**NOTHING, "reward": lambda s: 0.5 if s == 1 else 0.0}, 5, ["more varied groups"], [WARM]),  # earned once
+        ({**NOTHING, "reward": 0.5}, 5, ["more varied groups"], [WARM]),  # all alike, not all 0: the windowed check
+    ],
+    ids=["never-formatted", "all-cut", "from-the-start", "not-from-the-start", "alike-not-zero"],
+)
+def test_a_run_where_every_completion_earns_0_from_its_first_step_is_said_at_once(changes, fired, says, not_says):
+    """The groups teach nothing from the start: waiting for a window of steps only spends them, and more generations
+    or a warmer temperature would sample more of the same. The remedy fits the cause read off the steps so far."""
+    _, findings, _ = run(6, **changes)
+    no_signal = [f for f in findings if f["check"] == "no_signal"]
+    assert [f["step"] for f in no_signal] == [fired]
+    for text in says:
+        assert text in no_signal[0]["change"]
+    for text in not_says:
+        assert text not in no_signal[0]["change"]
+
+
+@pytest.mark.parametrize(
+    ("steps", "unjudged"),
+    [
+        (1, ["truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_learning"]),
+        (5, ["format_only", "length_runaway", "entropy_collapse", "not_learning"]),  # the 5-step windows judged
+        (10, ["length_runaway", "not_learning"]),
+        (30, ["length_runaway"]),  # not_learning reads 3 windows of 10 steps
+        (100, []),
+    ],
+)
+def test_a_run_shorter_than_a_checks_window_says_too_few_steps_for_it_never_ok(steps, unjudged, tmp_path):
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(None, state, control)
+    for step in range(1, steps + 1):
+        state.global_step = step
+        callback.on_log(None, state, control, logs={k: v for k, v in healthy(step).items() if k != "step"})
+    callback.on_train_end(None, state, control)
+    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    assert list(record["too_few_steps"]) == unjudged
+    assert record["status"] == ("too few steps" if unjudged else "ok") and record["findings"] == []
+    line = callback.summary_line()
+    assert ("too few steps to judge" in line) is bool(unjudged)
+    assert line.startswith("Training health: ok (7 checks") is not unjudged
+
+
 def test_the_watcher_runs_before_the_reporters_and_says_the_last_word(tmp_path):
     reporters = ["DefaultFlowCallback", "WandbCallback", "AccuracyCallback"]
     trainer = fake_trainer(tmp_path, list(reporters))
