@@ -5,7 +5,8 @@ saves while another waits in a collective), saved as a checkpoint where its weig
 state and curves, says why it stopped and what to do next, and exits with a code that tells a script the same
 (`EXIT_*`). Non-finite values are `health.py`'s to stop on; SIGTERM, SIGUSR1 (a scheduler before a time limit or
 preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
-is said where it is handled (and in README.md)."""
+is said where it is handled (and in README.md). Before the first step (loading, the baseline evaluation) nothing is
+trained, so nothing is saved: the run stops at once (`stop_at_once_until_training`)."""
 
 import json
 import logging
@@ -35,6 +36,44 @@ SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags e
 # Where a launcher that cannot read the processes' exit codes (torchrun exits 1 whatever they exit with) asks to be
 # told of a resumable stop: slurm/grpo.sbatch sets it. The main process writes a JSON object there (`stop_record`).
 STOP_RECORD_ENV = "GRPO_STOP_RECORD"
+
+
+_BEFORE_TRAINING: dict[int, object] = {}  # the handlers `stop_at_once_until_training` replaced, by signal number
+_STOPPING = {"now": False}  # a stop before the first step is under way in this process
+
+
+def stop_at_once_until_training(args) -> None:
+    """From here until the trainer's first step, SIGTERM, SIGUSR1 and SIGHUP stop the run at once (loading and a
+    1,319-question baseline take minutes, a scheduler's grace period less): `before_first_step` says so and raises
+    SystemExit(EXIT_STOPPED), which every `finally` on its way out runs past, as it does for `sys.exit`. `on_signals`
+    takes over once the trainer is built, and restores the handlers this replaced.
+    Ctrl-C keeps Python's own (KeyboardInterrupt, exit 130), as a signal ignored at start stays ignored."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return
+    for name in SIGNALS[:-1]:  # not SIGINT
+        number = getattr(signal, name, None)  # no SIGUSR1 or SIGHUP on Windows
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+            _BEFORE_TRAINING.setdefault(number, signal.getsignal(number))
+            signal.signal(number, lambda signum, frame: before_first_step(args, signal.Signals(signum).name))
+
+
+def before_first_step(args, name: str, main: bool | None = None) -> None:
+    """Stop on signal `name` before the first step: said, the stop record written (the newest checkpoint is the one
+    the run resumed from, or none: nothing lost, nothing new), then the process exits EXIT_STOPPED (SystemExit)."""
+    if _STOPPING["now"]:
+        return  # the same request again (Slurm signals every process, accelerate launch passes it on too)
+    _STOPPING["now"] = True
+    from grpo_kit.runs import resume_command
+
+    step = resumed_step(args)
+    main = getattr(args, "process_index", 0) == 0 if main is None else main
+    then = f"Start it again: {resume_command()}" if step is None else f"Continue the run: {resume_command()}"
+    since = "it started" if step is None else f"it resumed from checkpoint-{step}"
+    if main:
+        say_or_detach(f"\n{name} before the first step: nothing trained since {since}, nothing to save. Stopped "
+                      f"(exit {EXIT_STOPPED}). {then}\n")  # fmt: skip
+        write_record(args, EXIT_STOPPED, step, f"{name} received before the first step", reached=step)
+    raise SystemExit(EXIT_STOPPED)
 
 
 class EarlyStop(TrainerCallback):
@@ -132,11 +171,16 @@ class StopOnSignal(EarlyStop):
     def __init__(self, trainer):
         super().__init__(trainer)
         self.received: str | None = None  # the first stop signal this process got
-        self.phase = "start"  # then "steps" (from on_train_begin), then "end" (from on_train_end)
+        self.phase = "start"  # then "steps" (from the first step's start), then "end" (from on_train_end)
         self.say = trainer.accelerator.is_local_main_process  # one line per machine: each has its own log
 
     def receive(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if self.phase == "start" and self.received is None:  # nothing trained yet: nothing to save, stop at once
+            if name == "SIGINT":
+                raise KeyboardInterrupt
+            before_first_step(self.trainer.args, name, main=self.main)
+            return  # the same request again, while the stop is on its way out
         if self.received is not None:
             if "SIGINT" in (name, self.received):
                 raise KeyboardInterrupt  # a second Ctrl-C, or a launcher's SIGTERM on one: at once, no checkpoint
@@ -149,16 +193,15 @@ class StopOnSignal(EarlyStop):
         code, what = (EXIT_INTERRUPTED, "Ctrl-C") if name == "SIGINT" else (EXIT_STOPPED, name)
         code = EXIT_NOT_RESUMABLE if code == EXIT_STOPPED and self.model_only else code
         step, steps = self.trainer.state.global_step + 1, self.trainer.state.max_steps  # the step under way
-        if self.phase == "start":
-            line = f"stopping after the first step this run trains, with its checkpoint (exit {code})"
-        elif self.phase == "end" or step >= steps:
+        if self.phase == "end" or step >= steps:  # (before the first step, `receive` stops at once)
             line = "the last step is done or under way, so the run finishes (final evaluation, model)"
         else:
             line = f"finishing step {step} of {steps}, saving it, then stopping (exit {code})"
         return f"{what}: {line}" + ("; Ctrl-C again stops at once, without a checkpoint" if name == "SIGINT" else "")
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.phase = "steps"
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.phase == "start":  # the baseline evaluation (on_train_begin) is done: a step is under way
+            self.phase = "steps"
 
     def on_train_end(self, args, state, control, **kwargs):
         self.phase = "end"
@@ -232,4 +275,5 @@ def on_signals(trainer):
         raise
     finally:
         for number, handler in previous.items():
+            handler = _BEFORE_TRAINING.pop(number, handler)  # what was there before the start's own
             signal.signal(number, signal.SIG_DFL if handler is None else handler)

@@ -83,7 +83,7 @@ def stop_after(sent: list[str], step: int = 5, max_steps: int = 10, save_only_mo
     state, control = TrainerState(global_step=step - 1, max_steps=max_steps), TrainerControl()
     trainer = fake_trainer(state, save_only_model)
     with stopping.on_signals(trainer) as stop:
-        stop.on_train_begin(None, state, control)
+        stop.on_step_begin(None, state, control)
         for name in sent:
             os.kill(os.getpid(), getattr(signal, name))  # Python runs the handler before the next line
         assert not control.should_training_stop  # the step goes on
@@ -191,6 +191,55 @@ def test_ctrl_c_again_stops_at_once(sent):
         stop_after(sent)
 
 
+@pytest.mark.parametrize(
+    ("resumed", "said", "recorded"),
+    [
+        (None, "nothing trained since it started, nothing to save. Stopped (exit 75). Start it again: python ",
+         {"exit": 75, "step": None, "checkpoint": None, "resumed_from": None, "reached": None}),
+        ("outputs/run/checkpoint-4", "nothing trained since it resumed from checkpoint-4, nothing to save. Stopped "
+         "(exit 75). Continue the run: python ",
+         {"exit": 75, "step": 4, "checkpoint": "outputs/run/checkpoint-4", "resumed_from": 4, "reached": 4}),
+    ],
+    ids=["fresh", "resumed"],
+)  # fmt: skip
+@pytest.mark.parametrize("early", [True, False], ids=["loading", "baseline"])
+def test_a_stop_signal_before_the_first_step_stops_at_once_with_nothing_to_save(
+    resumed, said, recorded, early, tmp_path, monkeypatch, capfd
+):
+    """While the model loads (`stop_at_once_until_training`) or the start model is measured (the trainer's callbacks
+    are on, no step has begun): nothing is trained, so nothing is saved, and waiting for a first step would outlast a
+    scheduler's grace period. Exit 75 and a stop record that the Slurm script reads as a requeue with nothing lost."""
+    monkeypatch.setenv(stopping.STOP_RECORD_ENV, str(tmp_path / "stop.json"))
+    monkeypatch.setattr(stopping, "_STOPPING", {"now": False})
+    state = TrainerState(global_step=4 if resumed else 0, max_steps=10)
+    trainer = fake_trainer(state)
+    trainer.args.resume_from_checkpoint, trainer.args.process_index = resumed, 0
+    with pytest.raises(SystemExit) as stopped:
+        if early:
+            stopping.stop_at_once_until_training(trainer.args)
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            with stopping.on_signals(trainer) as stop:
+                stop.on_train_begin(None, state, TrainerControl())  # the baseline evaluation runs in this hook
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert stopped.value.code == stopping.EXIT_STOPPED == 75
+    assert f"SIGTERM before the first step: {said}" in capfd.readouterr().err
+    record = json.loads((tmp_path / "stop.json").read_text())
+    assert record == {**recorded, "reason": "SIGTERM received before the first step"}
+    assert signal.getsignal(signal.SIGTERM) is not stopping.StopOnSignal.receive  # the handlers put back...
+    if not early:
+        assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None) or callable(signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stopping._BEFORE_TRAINING.clear()
+
+
+def test_ctrl_c_before_the_first_step_stops_at_once():
+    state = TrainerState(global_step=0, max_steps=10)
+    with pytest.raises(KeyboardInterrupt), stopping.on_signals(fake_trainer(state)) as stop:
+        stop.on_train_begin(None, state, TrainerControl())
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_a_signal_in_the_last_step_lets_the_run_finish(capfd):
     stop, control = stop_after(["SIGTERM"], step=10, max_steps=10)
     assert "the last step is done or under way, so the run finishes" in capfd.readouterr().err
@@ -222,7 +271,7 @@ def test_every_process_stops_at_the_step_where_one_of_them_got_sigterm(tmp_path)
     def stops_at(rank: int):
         state, control = TrainerState(global_step=0, max_steps=10), TrainerControl()
         with stopping.on_signals(fake_trainer(state)) as stop:
-            stop.on_train_begin(None, state, control)
+            stop.on_step_begin(None, state, control)
             while not control.should_training_stop and state.global_step < state.max_steps:
                 if rank == 1 and state.global_step == 3:
                     os.kill(os.getpid(), signal.SIGTERM)  # during step 4, to this process only
@@ -255,7 +304,7 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
     args = SimpleNamespace(output_dir="run")
     with stopping.on_signals(trainer) as stop:
         assert trainer.callback_handler.callbacks == [stop, other, accuracy]
-        stop.on_train_begin(args, state, TrainerControl())
+        stop.on_step_begin(args, state, TrainerControl())
         state.global_step = 5
         with pytest.raises(Measured):  # no signal: step 5 is measured
             trainer.callback_handler.on_step_end(args, state, TrainerControl())
@@ -298,7 +347,7 @@ def test_a_step_that_fails_after_a_stop_signal_with_a_vllm_server_records_the_ne
         use_vllm=server, vllm_mode="server",
     )  # fmt: skip
     with pytest.raises(ConnectionError), stopping.on_signals(trainer) as stop:
-        stop.on_train_begin(None, state, TrainerControl())
+        stop.on_step_begin(None, state, TrainerControl())
         if signalled:
             os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next line
         raise ConnectionError("the vLLM server is gone")
@@ -320,7 +369,7 @@ def test_a_failure_after_a_saved_stop_keeps_its_record(tmp_path, stop_record):
         vllm_mode="server",
     )  # fmt: skip
     with pytest.raises(OSError), stopping.on_signals(trainer) as stop:
-        stop.on_train_begin(None, state, TrainerControl())
+        stop.on_step_begin(None, state, TrainerControl())
         os.kill(os.getpid(), signal.SIGUSR1)
         state.global_step = 5
         stop.on_step_end(None, state, TrainerControl())
