@@ -40,6 +40,10 @@ def quiet_libraries() -> None:
     # TRL 1.16's unwrap_model_for_generation reads transformers' deprecated `is_gradient_checkpointing` at every
     # rollout and evaluation: the rename is TRL's to make (the recipe sets activation_checkpointing itself).
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # The same function turns checkpointing off for each rollout and on again after it, by transformers' deprecated
+    # names (trl/models/utils.py, `_unwrap_model_for_generation`; transformers 5.24 warns at each call).
+    for name in ("gradient_checkpointing_enable", "gradient_checkpointing_disable"):
+        warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
     for name, start in LIBRARY_LINES:
         target = logging.getLogger(name)
         if not any(isinstance(f, _Drop) and f.start == start for f in target.filters):
@@ -157,11 +161,12 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
     if model_args.use_peft:
         adapter = f", LoRA r {model_args.lora_r}" + (" on a 4-bit base" if model_args.load_in_4bit else "")
     steps = f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs:g} epoch(s)"
+    warm = f", warm-started on {run.warm_start_rows} solutions" if getattr(run, "warm_start_rows", 0) else ""
     objective = f"loss {args.loss_type}, scale_rewards {args.scale_rewards}, beta {args.beta:g}"
     if args.importance_sampling_level != "token":
         objective += f", importance sampling per {args.importance_sampling_level}"
     lines = [
-        f"GRPO on GSM8K: {model_args.model_name_or_path} -> {args.output_dir}",
+        f"GRPO on GSM8K: {model_args.model_name_or_path}{warm} -> {args.output_dir}",
         f"  objective  {objective}, lr {args.learning_rate:g}",
         f"  precision  weights {model_args.dtype}, compute {compute}{adapter}",
         f"  batch      {prompts} prompts x {args.num_generations} generations = {per_step} completions per step "

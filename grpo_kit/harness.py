@@ -138,13 +138,16 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     from grpo_kit.evaluation import questions_fingerprint
     from grpo_kit.scoring import summarize
 
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    # Written beside `folder` and moved into it when lm-eval is done: an evaluation stopped half way (a signal, a
+    # kill, a full disk) leaves no folder that a later one could take for a result; a stopped one's is cleared.
+    part = folder.parent / f".{folder.name}.part"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
     config = task_config(protocol.task, dataset_dir)
-    task_file = folder / TASK_FILE
+    task_file = part / TASK_FILE
     task_file.write_text(_yaml(config), encoding="utf-8")
     model, model_args = lm if isinstance(lm, tuple) else (lm, None)
-    tracker = EvaluationTracker(output_path=str(folder / "results.json"))  # a .json path: its files beside it
+    tracker = EvaluationTracker(output_path=str(part / "results.json"))  # a .json path: its files beside it
     started = time.perf_counter()
     stop = _StopAtTruncation()  # lm-eval cuts a context past the model's length and says so only in a warning
     logging.getLogger("lm_eval.models").addHandler(stop)
@@ -163,13 +166,15 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
             **protocol.options,
         )
     except _Truncated as cut:  # at its first batch: nothing of it is scored
-        if created:
-            shutil.rmtree(folder)  # no evaluation folder without its evaluation
+        shutil.rmtree(part, ignore_errors=True)  # no evaluation folder without its evaluation
         raise RecipeError(
             f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut}), so its "
             "answers there are not the model's to those questions. Choose another --eval_protocols, or a model with "
             "more positions"
         ) from None
+    except BaseException:  # stopped, failed: nothing of it is kept
+        shutil.rmtree(part, ignore_errors=True)
+        raise
     finally:
         logging.getLogger("lm_eval.models").removeHandler(stop)
     seconds = time.perf_counter() - started
@@ -177,11 +182,16 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     tracker.save_results_samples(task_name=protocol.task, samples=samples[protocol.task])
+    files = {TASK_FILE: task_file}
     for pattern, file in (("results_*.json", RESULTS_FILE), (f"samples_{protocol.task}_*.jsonl", SAMPLES_FILE)):
-        written = sorted(folder.glob(pattern))
-        if not written:
-            raise RuntimeError(f"lm-eval wrote no {pattern} in {folder} (its log says why)")
-        written[-1].replace(folder / file)
+        if not (written := sorted(part.glob(pattern))):
+            raise RuntimeError(f"lm-eval wrote no {pattern} in {part} (its log says why)")
+        files[file] = written[-1]
+    folder.mkdir(parents=True, exist_ok=True)
+    for file, path in files.items():
+        path.replace(folder / file)
+    task_file = folder / TASK_FILE
+    shutil.rmtree(part, ignore_errors=True)
     samples = samples[protocol.task]
     max_gen_toks = results["configs"][protocol.task]["generation_kwargs"].get("max_gen_toks", 256)
     records = to_records(samples)

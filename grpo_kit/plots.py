@@ -114,7 +114,8 @@ def _plot_smoothed(ax, steps: list[dict], key: str, label: str, color: str) -> t
     if window > 1:
         ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
     smoothed = moving_average(values, window)
-    ax.plot(x, smoothed, color=color, linewidth=1.8, label=label)
+    few = len(x) <= 2  # a line through one point draws nothing: a run of one or two steps shows them as points
+    ax.plot(x, smoothed, color=color, linewidth=1.8, label=label, marker="o" if few else None, markersize=5)
     if not steps:
         ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
     return window, smoothed
