@@ -77,7 +77,9 @@ def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke
     )
     assert [line.split("  ")[0] for line in lines if line.startswith("step ")] == [f"step {n}/4" for n in (1, 2, 3, 4)]
     assert "| accuracy, strict (answer block) | " in stdout and "Paired, strict: " in stdout
-    assert "Training health: ok (6 checks, outputs/smoke-GRPO/health.json)" in lines  # truncation: off in the preset
+    # 4 steps: most checks need more to judge, and say so (truncation and no_signal: off in the preset)
+    assert "Training health: no finding, but too few steps to judge 4 of 5 checks (4 logged) (outputs/smoke-GRPO/" \
+        "health.json)" in lines  # fmt: skip
     for name, path in (("model", ""), ("curves", "/curves.png"), ("completions", "/completions")):
         assert f"  {name:<12} outputs/smoke-GRPO{path}" in lines, name
     assert not [line for line in lines if "Warning" in line or "┃" in line or "{'loss'" in line or "%|" in line]
@@ -117,19 +119,21 @@ def test_a_run_records_what_it_ran(smoke_run):
 
 
 def test_a_run_says_what_goes_wrong_while_it_goes_wrong(smoke_run):
-    """The smoke model is random: it never stops writing, so every step truncates nearly all completions, and the
-    smoke preset leaves the truncation check off (a finding on its own settings); the other checks watch and say."""
+    """The smoke model is random: it never stops writing and rarely writes a tag, so every step truncates nearly all
+    completions and most earn nothing, and the smoke preset leaves the truncation and no_signal checks off (findings
+    on its own model); the other checks watch, and a check its 4 steps are too few for says so."""
     _, out, stdout = smoke_run
     assert "Training health: first step's loss" in stdout
-    assert "Training health, step 3: truncation" not in stdout
+    assert "Training health, step" not in stdout
     record = json.loads((out / "health.json").read_text())
-    assert record["status"] == "ok" and record["findings"] == []
+    assert record["status"] == "too few steps" and record["findings"] == []
+    assert list(record["too_few_steps"]) == ["format_only", "length_runaway", "entropy_collapse", "not_learning"]
     assert record["not_learning_reads"] == "eval_accuracy_strict (8 questions)"  # the accuracy measured as it trains
     state = json.loads((out / "trainer_state.json").read_text())
-    marks = [e["health/no_signal"] for e in state["log_history"] if "loss" in e]
+    marks = [e["health/format_only"] for e in state["log_history"] if "loss" in e]
     assert len(marks) == 4 and set(marks) <= {0.0, 1.0}
     wandb_files = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert b"health/no_signal" in wandb_files[0].read_bytes()  # a curve in wandb
+    assert b"health/format_only" in wandb_files[0].read_bytes()  # a curve in wandb
 
 
 NAN_AT_STEP_3 = """
@@ -318,6 +322,60 @@ def test_sigterm_in_a_step_saves_that_step_exits_75_and_resumes_to_the_same_weig
     assert "Resuming from outputs/sigterm/checkpoint-3" in resumed.stdout
     assert logged_steps(resumed.stdout) == 3
     assert_same_final_weights(out, whole_run / "outputs" / "whole")
+
+
+SIGNAL_BEFORE_THE_FIRST_STEP = """
+import os
+import signal
+
+from grpo_kit import evaluation, models
+
+WHERE = os.environ["SIGNAL_WHERE"]
+loading, measuring = models.init_kwargs, evaluation.evaluate
+
+
+def init_kwargs(*args, **kwargs):  # the settings of the weights about to load
+    if WHERE == "loading":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return loading(*args, **kwargs)
+
+
+def evaluate(*args, **kwargs):  # the baseline evaluation
+    if WHERE == "baseline":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return measuring(*args, **kwargs)
+
+
+models.init_kwargs, evaluation.evaluate = init_kwargs, evaluate
+
+import grpo_demo
+
+grpo_demo.main()
+"""
+
+
+@pytest.mark.parametrize("where", ["loading", "baseline"])
+def test_sigterm_before_the_first_step_stops_at_once_and_the_printed_command_starts_it_again(where, tmp_path):
+    """A scheduler's stop while the weights load or the start model is measured: nothing is trained, nothing to save,
+    so no step is taken and no evaluation finished; exit 75 and a stop record that slurm/grpo.sbatch reads as a
+    requeue with nothing lost (a run without a newer checkpoint: its cap on such runs applies)."""
+    script = tmp_path / "sigterm_before.py"
+    script.write_text(SIGNAL_BEFORE_THE_FIRST_STEP)
+    args, out = [*RUN, "--output_dir", "outputs/early"], tmp_path / "outputs" / "early"
+    record = tmp_path / "stop.json"
+    stopped = run_recipe(args, cwd=tmp_path, script=script, SIGNAL_WHERE=where, GRPO_STOP_RECORD=str(record))
+    assert stopped.returncode == stopping.EXIT_STOPPED == 75, stopped.stdout[-3000:]
+    assert "SIGTERM before the first step: nothing trained since it started, nothing to save. Stopped (exit 75). " \
+        "Start it again: python " in stopped.stdout  # fmt: skip
+    assert "Traceback" not in stopped.stdout and logged_steps(stopped.stdout) == 0
+    assert not list(out.glob("checkpoint-*")) and not (out / "eval" / "baseline").exists()  # stopped at once
+    assert json.loads(record.read_text()) == {
+        "exit": 75, "step": None, "checkpoint": None, "resumed_from": None,
+        "reason": "SIGTERM received before the first step", "reached": None,
+    }  # fmt: skip
+    again = run_printed(stopped.stdout, "Start it again: ", tmp_path, SIGNAL_WHERE="nowhere")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert logged_steps(again.stdout) == 6
 
 
 SIGNAL_THEN_FAIL = """
