@@ -35,6 +35,7 @@ COUNTS = {
     **dict.fromkeys(("gradient_accumulation_steps", "save_steps", "logging_steps"), AT_LEAST_ONE),
     **dict.fromkeys(("eval_subset", "eval_batch_size", "eval_limit"), AT_LEAST_ONE),
     "validation_rows": (lambda x: x >= 0, "the train rows held out for validation, 0 or more"),
+    "warm_start_rows": (lambda x: x >= 0, "the train rows of the supervised warm start, 0 (none) or more"),
 }
 RANGES = {
     "eval_every_steps": (lambda x: x >= 0, "0 turns in-training accuracy off, N > 0 runs it"),
@@ -54,6 +55,7 @@ RANGES = {
     "epsilon": (lambda x: 0 < x < math.inf, "must be positive (TRL's clipping range, 0.2)"),
     "lora_dropout": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
     "beta": (lambda x: 0 <= x < math.inf, "must be 0 (no KL) or more"),
+    "warm_start_learning_rate": (lambda x: 0 < x < math.inf, "must be a positive number (the recipe uses 5e-5)"),
 }
 
 

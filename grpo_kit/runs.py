@@ -53,12 +53,12 @@ RUN_FILES = re.compile(
     rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
     rf"|checkpoint-(0|[1-9][0-9]*)/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
     r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
-    r"|completions/completions_[0-9]{5,}\.parquet"
+    r"|completions/completions_[0-9]{5,}\.parquet|warm-start/[^/]+"
     r"|eval/comparison(-[a-z]+)?\.json|eval/(baseline|final)(-[a-z]+)?(-[0-9]+)?/(summary\.json|completions\.jsonl)"
     r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
 )
 RUN_FOLDERS = re.compile(
-    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
+    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|warm-start|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
     r"|wandb(/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+(/.+)?)?"
 )
 RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
@@ -367,7 +367,8 @@ FIXED_ON_RESUME = {
     ),
     "model": ("model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
               "load_in_4bit", "load_in_8bit"),
-    "run": ("dataset", "max_prompt_tokens", "validation_rows", "reasoning_tag", "answer_tag"),
+    "run": ("dataset", "max_prompt_tokens", "validation_rows", "reasoning_tag", "answer_tag", "warm_start_rows",
+            "warm_start_learning_rate"),
 }  # fmt: skip
 
 

@@ -57,6 +57,9 @@ class RunArguments:
         0, "Train rows held out as a validation split (a fixed draw, whatever the seed), never trained on"
     )
     strict_data: bool = _option(False, "Stop on a bad data row instead of dropping it (and saying so)")
+    # The recipe's constants give these their defaults (WARM_START_ROWS, WARM_START_LEARNING_RATE).
+    warm_start_rows: int = _option(None, "Fine-tune on N train solutions in the answer format before GRPO; 0: none")
+    warm_start_learning_rate: float = _option(None, "The warm start's learning rate")
     smoke: bool = _option(False, "Offline CPU check: tiny generated model and problems, a few steps")
     demo: bool = _option(
         False, "Offline CPU demo, ~2 min: GRPO raises a tiny warm-started model's accuracy (curves.png)"
