@@ -185,6 +185,36 @@ def gsm8k_dir(tmp_path_factory):
     return smoke.write_gsm8k_folder(tmp_path_factory.mktemp("gsm8k"), n_train=64, n_test=32)
 
 
+def real_gsm8k() -> Path | None:
+    """Real GSM8K (train.jsonl, test.jsonl): $GSM8K_DIR, else `shared/data/gsm8k` beside the repository or a folder
+    above it (the project's shared data); None where there is none. Never copied into the repository."""
+    if os.environ.get("GSM8K_DIR"):
+        return Path(os.environ["GSM8K_DIR"])
+    found = (parent / "shared" / "data" / "gsm8k" for parent in ROOT.parents)
+    return next((path for path in found if (path / "test.jsonl").is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def real_gsm8k_dir():
+    """Real GSM8K for the `real_model` tier; the tier is skipped, saying why, without it."""
+    folder = real_gsm8k()
+    if folder is None or not all((folder / f"{split}.jsonl").is_file() for split in ("train", "test")):
+        pytest.skip("real GSM8K not found: set GSM8K_DIR to a folder with train.jsonl and test.jsonl")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def real_model_dir():
+    """SmolLM2-135M-Instruct as a model folder (benchmarks/smollm2.py, built once and reused); the `real_model` tier
+    is skipped, saying why, where its wheel or the gguf package is not installed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import smollm2
+
+    if reason := smollm2.missing():
+        pytest.skip(reason)
+    return smollm2.ensure()
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """A machine that says it has an Ampere-or-newer CUDA GPU with flash-attn installed, for settings only: nothing
