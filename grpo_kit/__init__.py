@@ -11,6 +11,7 @@ what it needs of it (the answer format, the rewards, the defaults) is passed in.
   run by lm-eval; `reports`: evaluations on disk and their tables.
 - `runs`: a run's life in its folder (lock, record, checkpoints, resume); `stopping`: stopping early on a signal;
   `health`: the training-health watcher; `plots`: curves.png; `online`: the Hub and wandb, reachable or not.
+- `warm_start`: the supervised warm start on the answer format, before GRPO (`--warm_start_rows`).
 - `merge`: a LoRA adapter merged into its base (`python -m grpo_kit.merge`); `search`: the reward-weight search, an
   Optuna study of recipe runs (`python -m grpo_kit.search`).
 
