@@ -248,6 +248,12 @@ def lora_and_bitsandbytes(v: dict) -> Iterator[str]:
                 "load_in_4bit under DeepSpeed ZeRO-3 packs the 4-bit weights in a float dtype so they can be "
                 "sharded: add --bnb_4bit_quant_storage bfloat16"
             )
+        if v.get("warm_start_rows"):
+            yield (
+                f"warm_start_rows with {name}: the warm start fine-tunes every weight, in full precision, and a "
+                f"quantized base trains only adapters: warm-start first in a run without --{name} (--max_steps 1), "
+                "then train QLoRA from its <output_dir>/warm-start"
+            )
         if v["use_vllm"]:
             # trl/generation/vllm_generation.py syncs weights by merge_adapter() / unmerge_adapter(), which for a
             # bitsandbytes base dequantizes, adds and requantizes through the CPU (peft/tuners/lora/bnb.py): every

@@ -112,7 +112,8 @@ def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Pat
         fp16=args.fp16,
         use_cpu=args.use_cpu,
         activation_checkpointing=args.activation_checkpointing,
-        model_init_kwargs=args.model_init_kwargs,
+        # Every weight trains, also before a LoRA run: in a dtype that keeps AdamW's small updates (not pure bf16)
+        model_init_kwargs={**(args.model_init_kwargs or {}), "dtype": full_fine_tuning_dtype(model_args)},
     )
     trainer = SFTTrainer(
         model=model_args.model_name_or_path, args=config, train_dataset=data, processing_class=tokenizer
@@ -121,6 +122,17 @@ def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Pat
         trainer.remove_callback(kind)
     trainer.add_callback(StepLines())
     return trainer
+
+
+def full_fine_tuning_dtype(model_args) -> str:
+    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (the recipe's `weights_dtype`:
+    fp32 with bf16 autocast, bf16 under DeepSpeed, which keeps fp32 copies); for a LoRA run, whose frozen base is
+    stored in bf16, what full fine-tuning would use instead."""
+    from grpo_kit.models import zero_stage
+
+    if not model_args.use_peft:
+        return model_args.dtype
+    return "bfloat16" if zero_stage() else "float32"
 
 
 class StepLines(TrainerCallback):
