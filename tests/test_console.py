@@ -66,6 +66,9 @@ def test_only_the_named_library_lines_are_filtered():
         warnings.simplefilter("default")
         console.quiet_libraries()  # after the reset: as a run sets them
         warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, 1)
+        for name in ("enable", "disable"):  # TRL turns checkpointing off and on around every rollout
+            message = f"`gradient_checkpointing_{name}` is deprecated and will be removed in v6. Use `activation_..."
+            warnings.warn(message, FutureWarning, 1)
         warnings.warn("`something_else` is deprecated", FutureWarning, 1)
     assert [str(w.message) for w in caught] == ["`something_else` is deprecated"]
 

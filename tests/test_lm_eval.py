@@ -222,3 +222,25 @@ def test_a_task_whose_prompts_lm_eval_cuts_to_fit_the_model_is_refused_not_score
     with pytest.raises(RecipeError, match=r"Cannot measure in gsm8k: lm-eval cut its prompts .*truncating to last 88"):
         harness.evaluate(lm, harness.Harness("gsm8k"), gsm8k_dir, folder, settings, model_name="m", saved_as={})
     assert not folder.exists()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit, OSError])
+def test_an_evaluation_stopped_half_way_leaves_no_folder_to_take_for_a_result(
+    stop, tiny, gsm8k_dir, tmp_path, monkeypatch
+):
+    """A stop signal, Ctrl-C or a failure while lm-eval generates: neither the evaluation's folder (which a later run
+    could take for a result) nor the folder it was written in is left."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    def stopped(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", stopped)
+    tokenizer, model = tiny
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=2)
+    settings = {"batch_size": 2, "limit": 2, "max_gen_toks": 8, "device": "cpu"}
+    folder = tmp_path / "eval" / "baseline-gsm8k-chat"
+    with pytest.raises(stop):
+        harness.evaluate(lm, harness.Harness("gsm8k-chat"), gsm8k_dir, folder, settings, model_name="m", saved_as={})
+    assert list((tmp_path / "eval").iterdir()) == []

@@ -197,3 +197,12 @@ def test_the_title_names_the_objective_and_every_panel_spans_the_run(tmp_path):
     assert {ax.get_xlim() for ax in fig.axes if ax.get_visible()} == {(-1.2, 41.2)}  # 0 to 40, a margin
     training = {"loss_type": "dr_grpo", "beta": 0.04, "scale_rewards": "none"}
     assert plots.objective(training) == "GRPO training (loss dr_grpo, beta 0.04, scale_rewards none)"
+
+
+@pytest.mark.parametrize(("steps", "marked"), [(1, True), (2, True), (3, False)])
+def test_a_run_of_one_or_two_steps_shows_its_points(tmp_path, steps, marked):
+    """A line through one point draws nothing: a one-step run's reward and length panels would be empty."""
+    write_state(tmp_path, steps=steps)
+    fig = plots.curves_figure(tmp_path)
+    drawn = [line for ax in fig.get_axes() for line in ax.get_lines() if len(line.get_xdata()) == steps]
+    assert drawn and all((line.get_marker() not in (None, "None", "")) is marked for line in drawn)
