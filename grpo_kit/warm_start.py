@@ -9,6 +9,7 @@ in `<output_dir>/warm-start` and GRPO starts from it (its baseline evaluation me
 the terms that made it and reused while they hold: a resumed run starts from the same model."""
 
 import gc
+import hashlib
 import json
 import logging
 import re
@@ -50,6 +51,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     """The folder of the warm-started model, for GRPO to start from: built unless it holds what these settings make
     (its stamp). Every process trains (SFTTrainer shares the work as GRPOTrainer does); the main one writes, into a
     folder beside it renamed into place, so that a warm start cut short leaves no model that looks whole."""
+    import datasets
     from accelerate import PartialState
 
     folder = Path(training_args.output_dir) / FOLDER
@@ -59,7 +61,8 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
         "rows": run.warm_start_rows,
         "learning_rate": run.warm_start_learning_rate,
         "seed": training_args.seed,
-        "first_completion": data[0]["completion"][0]["content"],  # the format and the draw
+        "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
+        "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
     }
     if read_json(folder / STAMP) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
@@ -69,7 +72,13 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     state.wait_for_everyone()  # every process has read the stamp before the main one clears anything
     if state.is_main_process:
         shutil.rmtree(part, ignore_errors=True)
-    trainer = sft_trainer(data, run, training_args, model_args, tokenizer, part)
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # SFTTrainer's four passes over the rows: one bar each, for a few rows
+    try:
+        trainer = sft_trainer(data, run, training_args, model_args, tokenizer, part)
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
     steps = -(-len(data) // (BATCH_SIZE * state.num_processes))
     logger.info(
         "Warm start: %d GSM8K train solutions in the answer format, %d steps at lr %g, into %s",
