@@ -165,6 +165,8 @@ than edit this page. The model: {report["model"]}, built offline by `benchmarks/
 Asked in the recipe's format, the untouched model writes plain prose: {rate(untouched, "format_strict")} of its
 completions are in the format, so every format reward pays 0, most groups of a GRPO step score alike and GRPO has
 nothing to learn from (the health watcher says so at the first step: `no_signal`, with the warm start as its remedy).
+The reference script's commented-out one-shot exemplar (a question and its answer in the format, before the user's)
+does not change that: 0 of 32 greedy completions in the format with it, one of them writing an answer tag at all.
 `configs/small_model_cpu.yaml` gives it what it needs, as settings: a supervised warm start on 64 GSM8K train
 solutions rewritten in the format (`--warm_start_rows 64`: one epoch of TRL's SFTTrainer, 8 steps), then 15 GRPO
 steps of 8 prompts x 4 completions with the recipe's five rewards:
@@ -191,11 +193,12 @@ that looped until the limit ({warm["truncated"]} of {report["questions"]}) learn
 
 **What a 135 M model can and cannot reach.** It learns the form: in a few minutes of supervised steps and half an hour
 of GRPO on two cores, most of its answers are in the format the rewards read. It does not learn the arithmetic:
-SmolLM2-135M-Instruct gets almost no GSM8K question right before or after (its own reports put it near 1-2 %, and
-{percent(grpo["accuracy_lenient"]["value"])} % here by the last number of the completion), so the correctness reward
-almost never pays and GRPO has almost no right answers to reinforce. Accuracy needs a model that can already solve
-some of the problems: GRPO chooses between ways of answering a model has, it does not teach what it has not (the
-demo shows the same at a tiny scale). The recipe's Qwen2.5-1.5B-Instruct solves most of them before training.
+SmolLM2-135M-Instruct gets almost no GSM8K question right before or after (by the last number of the completion,
+{percent(untouched["accuracy_lenient"]["value"])} % untouched and {percent(grpo["accuracy_lenient"]["value"])} % after
+GRPO, here), so the correctness reward almost never pays and GRPO has almost no right answers to reinforce.
+Accuracy needs a model that can already solve some of the problems: GRPO chooses between ways of answering a model
+has, it does not teach what it has not (the demo shows the same at a tiny scale). The recipe's Qwen2.5-1.5B-Instruct
+solves most of them before training.
 
 ![Curves of the GRPO run: rewards, completion length, accuracy before and after](real_model_curves.png)
 """
