@@ -39,9 +39,11 @@ def data_args(model: Path, data: Path) -> list[str]:
     return ["--model_name_or_path", str(model), "--dataset", str(data)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def whole(real_model_dir, real_gsm8k_dir, tmp_path_factory):
-    """The miniature run, uninterrupted: (its working folder, its output folder, its console)."""
+    """The miniature run, uninterrupted: (its working folder, its output folder, its console). Once per worker (the
+    tests that read it share one, SHARED): a module's fixture is set up again where xdist runs another module's tests
+    between them."""
     folder = tmp_path_factory.mktemp("real-whole")
     done = run_recipe([*data_args(real_model_dir, real_gsm8k_dir), *TRAIN, "--output_dir", "outputs/whole"], folder)
     assert done.returncode == 0, done.stdout[-4000:]
