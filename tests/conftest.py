@@ -187,10 +187,15 @@ def gsm8k_dir(tmp_path_factory):
 
 def real_gsm8k() -> Path | None:
     """Real GSM8K (train.jsonl, test.jsonl): $GSM8K_DIR, else `shared/data/gsm8k` beside the repository or a folder
-    above it (the project's shared data); None where there is none. Never copied into the repository."""
+    above it (the project's shared data), or beside the checkout a local clone was made from; None where there is
+    none. Never copied into the repository."""
     if os.environ.get("GSM8K_DIR"):
         return Path(os.environ["GSM8K_DIR"])
-    found = (parent / "shared" / "data" / "gsm8k" for parent in ROOT.parents)
+    places = [ROOT]
+    origin = subprocess.run(["git", "remote", "get-url", "origin"], cwd=ROOT, capture_output=True, text=True)
+    if origin.returncode == 0 and Path(origin.stdout.strip()).is_dir():  # a clone of a checkout on this machine
+        places.append(Path(origin.stdout.strip()).resolve())
+    found = (parent / "shared" / "data" / "gsm8k" for place in places for parent in place.parents)
     return next((path for path in found if (path / "test.jsonl").is_file()), None)
 
 
