@@ -34,6 +34,7 @@ import grpo_demo  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import smollm2  # noqa: E402
 
+from grpo_kit.runs import read_json  # noqa: E402
 from grpo_kit.scoring import paired, wilson  # noqa: E402
 
 CONFIG = "configs/small_model_cpu.yaml"  # the settings the README gives for a small model on a CPU
@@ -212,11 +213,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where real_model.{md,json} and the curves go")
     parser.add_argument("--fresh", action="store_true", help="run both anew, not read finished runs")
     args = parser.parse_args(argv)
+    args.folder, args.docs, args.dataset = args.folder.resolve(), args.docs.resolve(), str(Path(args.dataset).resolve())
     model = smollm2.ensure()
     common = ["--model_name_or_path", str(model), "--dataset", args.dataset, "--eval_limit", str(args.questions)]
     untouched, trained = args.folder / "untouched", args.folder / "grpo"
-    if args.fresh:
-        shutil.rmtree(args.folder, ignore_errors=True)
+    if args.fresh:  # its own two runs, nothing else of the folder
+        for run in (untouched, trained):
+            shutil.rmtree(run, ignore_errors=True)
     args.folder.mkdir(parents=True, exist_ok=True)
     wall = {}
     if not (untouched / "eval" / "baseline" / "summary.json").is_file():
@@ -225,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             [*evaluate, "--output_dir", str(untouched)], args.folder / "untouched.log"
         )
     if not (trained / "eval" / "comparison.json").is_file():
-        shutil.rmtree(trained, ignore_errors=True)
+        if trained.exists():
+            sys.exit(f"{trained} holds a run that did not finish: resume it, or --fresh to run both anew")
         wall["warm start + GRPO + 2 evaluations"] = recipe(
             [*common, "--config", CONFIG, "--output_dir", str(trained)], args.folder / "grpo.log"
         )
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             "GRPO vs warm start": compare(rows["warm start"], rows["GRPO"]),
             "GRPO vs untouched": compare(rows["untouched"], rows["GRPO"]),
         },
-        "wall_seconds": wall or read_json(args.docs / "real_model.json").get("wall_seconds", {}),
+        "wall_seconds": wall or read_json(args.docs / "real_model.json", {}).get("wall_seconds", {}),
         "threads": os.environ.get("OMP_NUM_THREADS"),
     }
     args.docs.mkdir(parents=True, exist_ok=True)
@@ -254,13 +258,6 @@ def main(argv: list[str] | None = None) -> None:
     (args.docs / "real_model.md").write_text(page(report), encoding="utf-8")
     print(markdown(report))
     print("wall time:", ", ".join(f"{k} {v / 60:.1f} min" for k, v in report["wall_seconds"].items()))
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 if __name__ == "__main__":

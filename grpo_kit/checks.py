@@ -97,6 +97,11 @@ def problems(v: dict, *, n_rewards: int, own: dict) -> list[str]:
     return [line for lines in found for line in lines]
 
 
+def fsdp() -> bool:
+    """Whether `accelerate launch` runs this process under FSDP."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
+
+
 def _outside(v: dict, rules: dict) -> list[str]:
     return [f"{n}={v[n]}: {rule}" for n, (ok, rule) in rules.items() if v.get(n) is not None and not ok(v[n])]
 
@@ -114,6 +119,12 @@ def sizes(v: dict) -> Iterator[str]:
     yield from _outside(v, RANGES)
     if v["eval_only"] and v["ask"] is not None:
         yield "eval_only and ask are two modes: choose one"
+    if v.get("warm_start_rows") and runs.trains(v) and (zero_stage() or fsdp()):
+        yield (  # accelerate refuses a second Accelerator with a DeepSpeed plugin: the warm start's, then GRPO's
+            "warm_start_rows under DeepSpeed or FSDP: the warm start and GRPO would be two trainers in one process, "
+            "which accelerate refuses there; warm-start in a run of its own (python grpo_demo.py ... --warm_start_rows "
+            "N --max_steps 1 --final_eval false), then launch GRPO from its <output_dir>/warm-start"
+        )
     if not runs.trains(v) and v["resume_from_checkpoint"]:
         yield (
             "resume_from_checkpoint is for training: to evaluate or ask a checkpoint, "
@@ -250,9 +261,9 @@ def lora_and_bitsandbytes(v: dict) -> Iterator[str]:
             )
         if v.get("warm_start_rows"):
             yield (
-                f"warm_start_rows with {name}: the warm start fine-tunes every weight, in full precision, and a "
-                f"quantized base trains only adapters: warm-start first in a run without --{name} (--max_steps 1), "
-                "then train QLoRA from its <output_dir>/warm-start"
+                f"warm_start_rows with {name}: the warm start fine-tunes every weight in full precision (about 16 "
+                "bytes a parameter with AdamW), which a quantized base cannot: it is for small models, which need no "
+                f"quantization; drop --warm_start_rows, or --{name} where full fine-tuning fits"
             )
         if v["use_vllm"]:
             # trl/generation/vllm_generation.py syncs weights by merge_adapter() / unmerge_adapter(), which for a
@@ -420,6 +431,8 @@ def warnings(v: dict) -> Iterator[str]:
         )
     if v.get("eval_temperature") is not None and not v.get("eval_samples"):
         yield "eval_temperature is the temperature of eval_samples, which is 0: no samples are drawn"
+    if v.get("warm_start_rows") and not runs.trains(v):
+        yield "warm_start_rows trains before GRPO: --eval_only and --ask measure or ask the model as it is"
     if v["tiny_model"] != TINY_MODELS[0] and not (v["smoke"] or v["demo"]):
         yield (
             f"tiny_model={v['tiny_model']} chooses the model of --smoke and --demo only: this run trains "

@@ -61,13 +61,16 @@ CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_c
 # What each check needs before it can say anything, ok included (not_learning: `Watcher._not_learning_needs`). A run
 # that ends sooner says "too few steps to judge" for it: a check that never looked is not a check that passed.
 NEEDS = {
-    "truncation": f"{TRUNCATED_WINDOW} logged steps",
-    "no_signal": f"{NO_SIGNAL_WINDOW} logged steps",
-    "format_only": f"{FORMAT_WINDOW} logged steps",
-    "length_runaway": f"{2 * LENGTH_WINDOW} logged steps",
-    "entropy_collapse": f"{2 * ENTROPY_WINDOW} logged steps",
-    "not_finite": "1 logged step",
-}
+    "truncation": TRUNCATED_WINDOW,
+    "no_signal": NO_SIGNAL_WINDOW,
+    "format_only": FORMAT_WINDOW,
+    "length_runaway": 2 * LENGTH_WINDOW,
+    "entropy_collapse": 2 * ENTROPY_WINDOW,
+    "not_learning": 3 * NOT_LEARNING_WINDOW,  # of the correct share; where accuracy is measured, measurements instead
+    "not_finite": 1,
+}  # logged steps
+NOTHING_EARNED = 64  # completions all at 0 before no_signal says so at once: a model that writes the format once in
+# 10 completions shows it in 64 with probability 0.999; at the recipe's batch (64 a step), the first step
 UNJUDGED = "unjudged"  # what a check returns while it has too few steps to judge
 CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
 ACCURACY = "eval_accuracy_strict"  # greedy accuracy on a subset, logged by the evaluation during training
@@ -180,9 +183,23 @@ class Watcher:
         return _mean([rate / top for rate, top in zip(rates, self.correct.values(), strict=True)])
 
     def unjudged(self) -> dict[str, str]:
-        """{check: what it needs to judge} of the enabled checks that have not had enough steps (or their metric)."""
-        needs = {**NEEDS, "not_learning": self._not_learning_needs()}
-        return {name: needs[name] for name in self.enabled if name not in self.judged}
+        """{check: what it needs} of the enabled checks that have had too few steps to judge."""
+        return {name: need for name, need in self._not_judged().items() if not need.startswith("cannot")}
+
+    def cannot_judge(self) -> dict[str, str]:
+        """{check: why} of the enabled checks that had their steps and still could not judge: a metric not logged
+        (another TRL version may name it otherwise), or no reward this recipe reads as correctness."""
+        return {name: need for name, need in self._not_judged().items() if need.startswith("cannot")}
+
+    def _not_judged(self) -> dict[str, str]:
+        found = {}
+        for name in (n for n in self.enabled if n not in self.judged):
+            if name == "not_learning" and self.measured:
+                need, had, what = NOT_LEARNING_MEASUREMENTS + 1, len(self.accuracy), "accuracy measurements"
+            else:
+                need, had, what = NEEDS[name], self.steps, "logged steps"
+            found[name] = f"needs {need} {what}" if had < need else "cannot judge: a metric it reads was not logged"
+        return found
 
     def _truncation(self, entry):
         if (last := self._last(CLIPPED, TRUNCATED_WINDOW)) is None:
@@ -198,8 +215,8 @@ class Watcher:
         )
 
     def _no_signal(self, entry):
-        if self._nothing_earned():
-            return self._nothing_earned_remedy()
+        if (nothing := self._nothing_earned()) is not None:  # every completion at 0 so far
+            return self._nothing_earned_remedy() if nothing else UNJUDGED  # said once NOTHING_EARNED show it
         if (last := self._last(ZERO_STD, NO_SIGNAL_WINDOW)) is None:
             return UNJUDGED
         if min(last) < NO_SIGNAL_SHARE:
@@ -211,12 +228,22 @@ class Watcher:
             return what, "the training problems are solved: more steps teach little; stop here or use harder ones"
         return what, f"more varied groups: {self._more_generations()}{self._warmer(' or ')}"
 
-    def _nothing_earned(self) -> bool:
-        """Whether every completion of every group has earned exactly 0 at every step since the first: no advantage
-        is non-zero, so the run cannot learn, and waiting for a window of steps would only spend them."""
+    def _nothing_earned(self) -> bool | None:
+        """Where every completion of every group has earned exactly 0 at every step since the first: whether that is
+        NOTHING_EARNED completions or more (no advantage is non-zero, so the run cannot learn, and waiting for a
+        window of steps would only spend them); None where some completion earned something, or it is not logged."""
         zero_std, rewards = self.series.get(ZERO_STD, []), self.series.get("reward", [])
-        every = len(zero_std) == len(rewards) == self.steps
-        return every and min(zero_std) >= 1.0 and max(abs(r) for r in rewards) == 0.0
+        if not (len(zero_std) == len(rewards) == self.steps and min(zero_std) >= 1.0 and max(map(abs, rewards)) == 0):
+            return None
+        return self.steps * (self._completions_per_step() or NOTHING_EARNED) >= NOTHING_EARNED
+
+    def _completions_per_step(self) -> int | None:
+        """Completions one optimizer step samples (over every process), None where the settings do not say."""
+        per_device = getattr(self.args, "per_device_train_batch_size", None)
+        accumulation = getattr(self.args, "gradient_accumulation_steps", None)
+        if not (isinstance(per_device, int) and isinstance(accumulation, int)):
+            return None
+        return per_device * accumulation * (getattr(self.args, "world_size", 1) or 1)
 
     def _nothing_earned_remedy(self) -> tuple[str, str]:
         """What is wrong when nothing has earned a reward, read off the steps so far, and what fits each cause: more
@@ -344,11 +371,6 @@ class Watcher:
         larger += "read the completions table (gold vs extracted) for answers the reward does not read"
         self._judged = (*self._judged[:2], (what, "; ".join(remedies or [larger])))
         return self._judged[2]
-
-    def _not_learning_needs(self) -> str:
-        if self.measured:
-            return f"{NOT_LEARNING_MEASUREMENTS + 1} accuracy measurements during training"
-        return f"{3 * NOT_LEARNING_WINDOW} logged steps with the correctness reward's share"
 
     def _why_not_learning(self) -> list[tuple[str, str]]:
         """(cause, remedy) for each metric of the last NOT_LEARNING_WINDOW logged steps that explains a flat signal."""
@@ -550,6 +572,7 @@ class HealthCallback(EarlyStop):
         record = {"status": self.status(), "stopped": self.stopped, "findings": self.watcher.findings}
         record.update(checks={name: name in self.watcher.enabled for name in CHECKS}, cost=cost)
         record["too_few_steps"] = self.watcher.unjudged()  # check: what it needs to judge (the run had fewer)
+        record["cannot_judge"] = self.watcher.cannot_judge()  # check: why, though the run had its steps
         measured = self.watcher.measured  # what not_learning judges
         record["not_learning_reads"] = f"{ACCURACY} ({measured} questions)" if measured else "the correct share"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -563,12 +586,15 @@ class HealthCallback(EarlyStop):
             lines = [f"Training health: no finding, but too few steps to judge {len(unjudged)} of {enabled} checks "
                      f"({self.watcher.steps} logged) ({self.path})"]  # fmt: skip
         else:
-            lines = [f"Training health: ok ({enabled} checks, {self.path})"]
+            judged = enabled - len(self.watcher.cannot_judge())
+            lines = [f"Training health: ok ({judged} checks, {self.path})"]
         lines += [f"  step {f['step']}: {f['check']} -> {f['change']}" for f in self.watcher.findings]
         if self.stopped:
             lines.append("  stopped at step {step}: {reason}; saved {saved}".format(**self.stopped))
         if unjudged:
-            lines.append("  too few steps to judge: " + ", ".join(f"{name} needs {n}" for name, n in unjudged.items()))
+            lines.append("  too few steps to judge: " + ", ".join(f"{name} {n}" for name, n in unjudged.items()))
+        if cannot := self.watcher.cannot_judge():
+            lines.append("  " + "; ".join(f"{name}: {why}" for name, why in cannot.items()))
         return "\n".join(lines)
 
 

@@ -49,19 +49,23 @@ CONFIG_ENV = {
     "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
 }  # fmt: skip
 CHECKPOINT = re.compile(r"checkpoint-(0|[1-9][0-9]*)")  # what the trainer names a checkpoint (no checkpoint-02)
+PROTOCOL = r"(-[a-z][a-z0-9_]*(-chat)?)"  # an evaluation's protocol in its folder's name: -chat, -gsm8k_cot-chat
 RUN_FILES = re.compile(
     rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
     rf"|checkpoint-(0|[1-9][0-9]*)/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
     r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
-    r"|completions/completions_[0-9]{5,}\.parquet|warm-start/[^/]+"
-    r"|eval/comparison(-[a-z]+)?\.json|eval/(baseline|final)(-[a-z]+)?(-[0-9]+)?/(summary\.json|completions\.jsonl)"
+    r"|completions/completions_[0-9]{5,}\.parquet|\.?warm-start(\.part)?/[^/]+"
+    rf"|eval/comparison{PROTOCOL}?\.json|eval/\.?(baseline|final){PROTOCOL}?(-[0-9]+)?(\.part)?/"
+    r"(summary\.json|completions\.jsonl|lm_eval_task\.yaml|lm_eval_results\.json|lm_eval_samples\.jsonl)"
     r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
 )
 RUN_FOLDERS = re.compile(
-    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|warm-start|eval(/(baseline|final)(-[a-z]+)?(-[0-9]+)?)?"
-    r"|wandb(/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+(/.+)?)?"
+    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|\.?warm-start(\.part)?"
+    rf"|eval(/\.?(baseline|final){PROTOCOL}?(-[0-9]+)?(\.part)?)?|wandb(/(offline-)?run-[0-9]{{8}}_[0-9]{{6}}-\w+(/.+)?)?"
 )
-RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", LOCK_NAME)  # no model or user file looks so
+# no model or user file looks so (the warm start's folder and the one it is built in: a run stopped during the warm
+# start has written nothing else yet)
+RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", "warm-start", ".warm-start.part", LOCK_NAME)
 MODEL_ONLY_PARTS = ["optimizer.pt", "scheduler.pt", "rng_state.pth"]  # what a --save_only_model checkpoint lacks
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 

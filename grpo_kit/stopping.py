@@ -254,7 +254,9 @@ def on_signals(trainer):
     that fails after a stop signal came (the server, which a preemption signals with the training, gone mid-step)
     leaves a stop record of the newest complete checkpoint (`write_record`), the steps after it lost, and raises on.
     Without one a failure is a failure, even after a signal (torchrun's SIGTERM to the others when one process
-    crashed): no record."""
+    crashed): no record. (Before the first step a signal stops the run itself, recorded as a stop with nothing newer
+    saved: `before_first_step`; a crash while loading that torchrun answers so is requeued, up to the Slurm
+    script's cap on runs without a newer checkpoint.)"""
     stop = StopOnSignal(trainer)
     if stop.model_only and stop.main:
         logger.warning("%s: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75", MODEL_ONLY)

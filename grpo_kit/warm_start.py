@@ -4,9 +4,12 @@ GRPO learns from the differences within a group: where no completion writes the 
 advantage is 0 and nothing is learned (a 135 M chat model asked for the format writes plain prose: docs/real_model.md).
 One epoch of supervised fine-tuning (TRL's SFTTrainer, loss on the completion only) on N GSM8K train solutions
 rewritten in the format teaches it enough of the form that some completions earn the format rewards; GRPO then has
-groups that differ. The rows are a fixed draw of the training rows (never a held-out or test row); the model is saved
-in `<output_dir>/warm-start` and GRPO starts from it (its baseline evaluation measures it). The folder is kept with
-the terms that made it and reused while they hold: a resumed run starts from the same model."""
+groups that differ. The rows are a fixed draw of the training rows whose solution fits in --max_completion_length
+(never a held-out or test row; a longer one is dropped, as a cut solution would teach an answer that never closes);
+the model is saved in `<output_dir>/warm-start` and GRPO starts from it (its baseline evaluation measures it). Every
+weight trains, in fp32 (before a LoRA run too: about 16 bytes a parameter with AdamW). The folder is kept with the
+terms that made it and reused while they hold; a resumed full fine-tuning needs none (its checkpoint holds every
+weight), a resumed LoRA run needs the very base its adapter was trained on."""
 
 import gc
 import hashlib
@@ -24,8 +27,7 @@ from grpo_kit.runs import read_json
 logger = logging.getLogger("grpo_demo")
 
 FOLDER, STAMP = "warm-start", "warm_start.json"  # in the run's output folder; in it, the terms that made it
-BATCH_SIZE = 8  # rows per step: 64 rows are 8 steps
-WARMUP = 0.1  # of the steps, then the learning rate stays: one short epoch has nothing to decay towards
+BATCH_SIZE = 8  # rows per step, over every process: 64 rows are 8 steps at a constant learning rate
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, `48/2=<<48/2=24>>24`: no model writes these
 
 
@@ -35,39 +37,66 @@ def solution_text(answer_format, gsm8k_solution: str) -> str:
     return answer_format.gsm8k_solution(CALCULATOR.sub("", gsm8k_solution)).rstrip("\n")
 
 
-def examples(train, n: int, seed: int, answer_format):
+def examples(train, n: int, seed: int, answer_format, tokenizer=None, max_tokens: int | None = None):
     """`n` training rows, a fixed draw for `seed`, as prompt-completion chats: the row's prompt, and its GSM8K
-    solution in the answer format (`solution_text`)."""
+    solution in the answer format (`solution_text`). With `tokenizer`, only rows whose solution and end of turn fit
+    in `max_tokens` are drawn from (the others counted and said)."""
     from datasets import Dataset
 
-    if n > len(train):
-        raise RecipeError(f"warm_start_rows={n}: the train split has {len(train)} usable rows: use fewer")
-    drawn = train.shuffle(seed=seed).select(range(n))
-    answer = [[{"role": "assistant", "content": solution_text(answer_format, s)}] for s in drawn["solution"]]
-    return Dataset.from_dict({"prompt": drawn["prompt"], "completion": answer})
+    texts = [solution_text(answer_format, s) for s in train["solution"]]
+    kept = list(range(len(texts)))
+    if tokenizer is not None:
+        lengths = [len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        kept = [i for i in kept if lengths[i] <= max_tokens]
+        logger.info(
+            "Warm start: %d of %d train solutions fit in %d tokens in the answer format (longer ones are not taught)",
+            len(kept), len(texts), max_tokens,
+        )  # fmt: skip
+    if n > len(kept):
+        raise RecipeError(
+            f"warm_start_rows={n}: {len(kept)} train rows have a solution that fits in max_completion_length="
+            f"{max_tokens} tokens: use fewer rows, or a longer --max_completion_length"
+        )
+    drawn = Dataset.from_dict({"i": kept}).shuffle(seed=seed).select(range(n))["i"]
+    answer = [[{"role": "assistant", "content": texts[i]}] for i in drawn]
+    return Dataset.from_dict({"prompt": [train[i]["prompt"] for i in drawn], "completion": answer})
 
 
 def warm_started(train, run, training_args, model_args, answer_format, tokenizer) -> str:
-    """The folder of the warm-started model, for GRPO to start from: built unless it holds what these settings make
-    (its stamp). Every process trains (SFTTrainer shares the work as GRPOTrainer does); the main one writes, into a
-    folder beside it renamed into place, so that a warm start cut short leaves no model that looks whole."""
+    """The folder GRPO starts from: the warm-started model, built unless its folder holds what these settings make
+    (its stamp); on a resume, see the module docstring. Every process trains (SFTTrainer shares the work as
+    GRPOTrainer does); the main one writes, into a folder beside it renamed into place, so that a warm start cut short
+    leaves no model that looks whole."""
     import datasets
     from accelerate import PartialState
 
-    folder = Path(training_args.output_dir) / FOLDER
-    data = examples(train, run.warm_start_rows, training_args.seed, answer_format)
+    state = PartialState()
+    folder = (Path(training_args.output_dir) / FOLDER).resolve()  # an adapter names its base by this path
+    length = training_args.max_completion_length
+    data = examples(train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, length)
     made_with = {
         "model": model_args.model_name_or_path,
+        "revision": model_args.model_revision,
         "rows": run.warm_start_rows,
         "learning_rate": run.warm_start_learning_rate,
         "seed": training_args.seed,
+        "dtype": full_fine_tuning_dtype(model_args),
+        "bf16": training_args.bf16,
+        "processes": state.num_processes,
         "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
         "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
     }
     if read_json(folder / STAMP) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
         return str(folder)
-    state = PartialState()
+    if training_args.resume_from_checkpoint:
+        if not model_args.use_peft:
+            logger.info("Warm start: not needed to resume, the checkpoint holds every weight")
+            return model_args.model_name_or_path
+        raise RecipeError(
+            f"Resuming a LoRA run needs the base its adapter was trained on, {folder}, which is gone or was made "
+            "otherwise: a new warm start would be another base. Start a new run (another --output_dir)"
+        )
     part = folder.parent / f".{FOLDER}.part"
     state.wait_for_everyone()  # every process has read the stamp before the main one clears anything
     if state.is_main_process:
@@ -75,17 +104,17 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # SFTTrainer's four passes over the rows: one bar each, for a few rows
     try:
-        trainer = sft_trainer(data, run, training_args, model_args, tokenizer, part)
+        trainer = sft_trainer(data, run, training_args, model_args, tokenizer, part, state.num_processes)
     finally:
         if shown:
             datasets.enable_progress_bars()
-    steps = -(-len(data) // (BATCH_SIZE * state.num_processes))
+    steps = -(-len(data) // (trainer.args.per_device_train_batch_size * state.num_processes))
     logger.info(
         "Warm start: %d GSM8K train solutions in the answer format, %d steps at lr %g, into %s",
         len(data), steps, run.warm_start_learning_rate, folder,
     )  # fmt: skip
     trainer.train()
-    trainer.save_model(str(part))  # on every process: DeepSpeed gathers the weights; the main process writes
+    trainer.save_model(str(part))  # the main process writes
     if state.is_main_process:
         tokenizer.save_pretrained(part)
         (part / STAMP).write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
@@ -97,21 +126,28 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     return str(folder)
 
 
-def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Path):
-    """TRL's SFTTrainer on `data` with the run's precision, placement and seed: one epoch, no checkpoints, nothing
-    reported (a line per step here; GRPO's run is the one in wandb)."""
+def full_fine_tuning_dtype(model_args) -> str:
+    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (the recipe's `weights_dtype`:
+    fp32, bf16 autocast on a GPU); for a LoRA run, whose frozen base is stored in bf16 on a GPU, fp32, as full
+    fine-tuning keeps it (bf16 weights lose most of AdamW's small updates)."""
+    return "float32" if model_args.use_peft else model_args.dtype
+
+
+def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Path, processes: int = 1):
+    """TRL's SFTTrainer on `data` with the run's precision, placement and seed: one epoch at a constant learning rate
+    (a few steps: a warmup would spend one of them at rate 0), BATCH_SIZE rows a step over every process, no
+    checkpoints, nothing reported (a line per step here; GRPO's run is the one in wandb)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import SFTConfig, SFTTrainer
 
     args = training_args
     config = SFTConfig(
         output_dir=str(output_dir),
-        per_device_train_batch_size=BATCH_SIZE,
+        per_device_train_batch_size=max(1, BATCH_SIZE // processes),
         gradient_accumulation_steps=1,
         num_train_epochs=1,
         learning_rate=run.warm_start_learning_rate,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=WARMUP,
+        lr_scheduler_type="constant",
         max_length=run.max_prompt_tokens + args.max_completion_length,
         logging_steps=1,
         save_strategy="no",
@@ -121,7 +157,6 @@ def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Pat
         fp16=args.fp16,
         use_cpu=args.use_cpu,
         activation_checkpointing=args.activation_checkpointing,
-        # Every weight trains, also before a LoRA run: in a dtype that keeps AdamW's small updates (not pure bf16)
         model_init_kwargs={**(args.model_init_kwargs or {}), "dtype": full_fine_tuning_dtype(model_args)},
     )
     trainer = SFTTrainer(
@@ -131,17 +166,6 @@ def sft_trainer(data, run, training_args, model_args, tokenizer, output_dir: Pat
         trainer.remove_callback(kind)
     trainer.add_callback(StepLines())
     return trainer
-
-
-def full_fine_tuning_dtype(model_args) -> str:
-    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (the recipe's `weights_dtype`:
-    fp32 with bf16 autocast, bf16 under DeepSpeed, which keeps fp32 copies); for a LoRA run, whose frozen base is
-    stored in bf16, what full fine-tuning would use instead."""
-    from grpo_kit.models import zero_stage
-
-    if not model_args.use_peft:
-        return model_args.dtype
-    return "bfloat16" if zero_stage() else "float32"
 
 
 class StepLines(TrainerCallback):

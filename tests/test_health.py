@@ -450,6 +450,32 @@ def test_a_run_where_every_completion_earns_0_from_its_first_step_is_said_at_onc
         assert text not in no_signal[0]["change"]
 
 
+@pytest.mark.parametrize(("per_device", "accumulation", "fired"), [(16, 4, 1), (4, 4, 4), (2, 1, 32)])
+def test_nothing_earned_is_said_once_enough_completions_earned_nothing(per_device, accumulation, fired):
+    """64 completions all at 0 (a model writing the format once in 10 shows it in 64 with probability 0.999): the
+    recipe's first step, or as many small steps as make 64. A step of a few completions all at 0 is no evidence."""
+    settings = {**RECIPE, "per_device_train_batch_size": per_device, "gradient_accumulation_steps": accumulation}
+    _, findings, _ = run(40, settings=settings, **NOTHING)
+    assert [(f["check"], f["step"]) for f in findings if WARM in f["change"]] == [("no_signal", fired)]
+
+
+def test_a_check_that_had_its_steps_but_not_its_metric_says_it_cannot_judge(tmp_path):
+    """Rewards of the user's own, none of which the recipe reads as correctness: the checks that read the correct
+    share cannot judge, and say so, rather than wait for steps that would not help."""
+    trainer = fake_trainer(tmp_path)
+    callback = health.HealthCallback(trainer, health.Watcher(SimpleNamespace(**RECIPE), {}, FORM))
+    state, control = TrainerState(), TrainerControl()
+    for step in range(1, 121):
+        state.global_step = step
+        callback.on_log(None, state, control, logs={k: v for k, v in healthy(step).items() if k != "step"})
+    callback.on_train_end(None, state, control)
+    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    assert record["too_few_steps"] == {} and record["status"] == "ok"
+    assert sorted(record["cannot_judge"]) == ["format_only", "length_runaway", "not_learning"]
+    assert callback.summary_line().startswith("Training health: ok (4 checks")
+    assert "format_only: cannot judge: a metric it reads was not logged" in callback.summary_line()
+
+
 @pytest.mark.parametrize(
     ("steps", "unjudged"),
     [

@@ -194,7 +194,7 @@ def test_grpo_steps_after_the_warm_start_score_real_completions(whole):
     start, trained = load_file(out / "warm-start" / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not start[name].equal(trained[name]) for name in start)
     summary = json.loads((out / "eval" / "baseline" / "summary.json").read_text())
-    assert summary["model"] == "outputs/whole/warm-start"  # the baseline measures where GRPO starts: the warm start
+    assert summary["model"] == str((out / "warm-start").resolve())  # the baseline measures the warm start
 
 
 @SHARED
@@ -255,17 +255,19 @@ def test_lora_training_the_merge_and_ask_on_the_merged_folder(whole, real_gsm8k_
 def test_the_untouched_model_earns_nothing_and_the_watcher_says_so_at_the_first_step(
     real_model_dir, real_gsm8k_dir, tmp_path
 ):
-    """The model as it comes never writes the format: every completion of the first step earns 0, every group scores
-    alike, and the run says so at once, with the remedy that fits (a warm start), not more generations."""
-    args = [*data_args(real_model_dir, real_gsm8k_dir), *TRAIN[4:], "--max_steps", "1", "--final_eval", "false"]
+    """The model as it comes never writes the format: every completion earns 0, every group scores alike, and the run
+    says so once 64 completions show it (2 steps of 32 here), with the remedy that fits (a warm start), not more
+    generations."""
+    batch = ["--num_generations", "4", "--per_device_train_batch_size", "32", "--max_completion_length", "32"]
+    args = [*data_args(real_model_dir, real_gsm8k_dir), *TRAIN[4:], *batch, "--max_steps", "2", "--final_eval", "false"]
     done = run_recipe([*args, "--output_dir", "outputs/untouched"], tmp_path)
     assert done.returncode == 0, done.stdout[-4000:]
     rows = scored_completions(tmp_path / "outputs" / "untouched")
     assert all(sum(rewards_of(row, grpo_demo.TAGS).values()) == 0 for row in rows)
     health = json.loads((tmp_path / "outputs" / "untouched" / "health.json").read_text())
-    assert [(f["check"], f["step"]) for f in health["findings"]] == [("no_signal", 1)]
+    assert [(f["check"], f["step"]) for f in health["findings"]] == [("no_signal", 2)]
     assert "--warm_start_rows 64" in health["findings"][0]["change"]
-    assert "Training health, step 1: no_signal" in done.stdout
+    assert "Training health, step 2: no_signal" in done.stdout
 
 
 def test_think_tags_from_the_prompt_to_the_rewards(real_model_dir, real_gsm8k_dir, tmp_path):
