@@ -20,6 +20,9 @@ trainer's own model, the run record. The variants:
   qlora      --use_peft --load_in_4bit; needs bitsandbytes (skipped, not failed, without it);
   full-vllm  full fine-tuning generating with vLLM inside the training process (colocate, 0.3 of the GPU), to set
              against `full`'s transformers generate; needs vllm (skipped without it);
+  full-786   the memory check: one step of `full` at the recipe's 786-token completions, its peak GPU memory (torch's
+             count) beside the recipe's memory plan for it (the "Memory plan" line checks.memory_fits logs); last,
+             run when the budget covers it;
   cb-bf16    transformers' continuous batching. TRL casts the model to bf16 in place for it, so the recipe refuses
              it with fp32 weights: this one loads bf16 weights (--dtype bfloat16) and is a generation-speed
              comparison only. If it fails it is reported as "did not run", with its error, and the check goes on.
@@ -69,7 +72,8 @@ Qwen2-1.5B-Instruct on an A100) and about the same for 64 sequences; counted as 
 autocast, 40 ms with LoRA's extra layers, 60 ms with bitsandbytes' 4-bit dequantizing, 25 ms for continuous
 batching, 8 ms for vLLM with its weight sync. Forward and backward of 64 completions of ~190 tokens is ~6e13 FLOPs:
 ~1.5 s a step. For 3 steps of 128 tokens: build 20 s, full 72 s, lora 59 s, qlora 82 s, full-vllm 118 s, cb-bf16
-56 s: 407 s. 256-token completions would take ~517 s, over the budget: hence 128.
+56 s: 407 s. 256-token completions would take ~517 s, over the budget: hence 128. full-786 (one step, 786 tokens)
+~128 s more: it runs in the budget without vllm and bitsandbytes (334 s in all), else it is "not run".
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -164,11 +169,18 @@ class Variant:
     decode_ms: float = 0.0
     eval_decode_ms: float = 0.0
     train_step_s: float = 0.0
+    shape: tuple[tuple[str, int], ...] = ()  # its own steps or completion length, over the check's
+
+    def shaped(self, shape: dict) -> dict:
+        """The check's batch shape with this variant's own values over it."""
+        return {**shape, **dict(self.shape)}
 
     def estimate(self, steps: int, completion: int) -> float:
         """Seconds this variant should take on one H200."""
+        own = self.shaped({"steps": steps, "completion": completion})
+        steps, completion = own["steps"], own["completion"]
         decoding = (steps * self.decode_ms + 2 * self.eval_decode_ms) * completion / 1000
-        return self.fixed_s + decoding + steps * self.train_step_s
+        return self.fixed_s + decoding + steps * self.train_step_s * max(1.0, completion / 128)
 
 
 VARIANTS = [
@@ -183,9 +195,14 @@ VARIANTS = [
             "vllm", needs="vllm", fixed_s=100, decode_ms=8, eval_decode_ms=30, train_step_s=2.5),
     Variant("cb-bf16", ("--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"),
             "continuous batching", comparison_only=True, fixed_s=35, decode_ms=25, eval_decode_ms=25, train_step_s=1.5),
+    # The memory check: one step of full fine-tuning at the recipe's 786-token completions, whose peak torch
+    # counts is set beside the recipe's memory plan (logged by checks.memory_fits)
+    Variant("full-786", (), "transformers", fixed_s=48, decode_ms=30, eval_decode_ms=30, train_step_s=1.5,
+            shape=(("steps", 1), ("completion", 786))),
 ]  # fmt: skip
 BY_NAME = {v.name: v for v in VARIANTS}
 DRY_RUN_VARIANTS = ("full", "lora")
+MEMORY_PLAN = re.compile(r"Memory plan: ~([\d,.]+) GiB")  # checks.memory_fits's log line
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -416,6 +433,7 @@ def measure(variant: Variant, folder: Path, start_model: Path, completions_per_s
     result["model"] = model
     result["flash_attention"] = model.get("attention") == "flash_attention_2" if model else None
     result["peak_gpu_memory_gib"] = record.get("peak_gpu_memory_gib")  # torch's count; CUDA only
+    result["memory_plan_gib"] = memory_planned(folder / "log.txt")
     result["evaluation"] = {
         name: {"n": summary["n"], "seconds": summary["seconds"], "sampled": "sampling" in summary} if summary else None
         for name in ("baseline", "final")
@@ -434,6 +452,12 @@ def measure(variant: Variant, folder: Path, start_model: Path, completions_per_s
         movement["realised_over_expected"] = round(movement["mean_abs_change"] / expected, 3) if expected else None
     result["movement"] = movement
     return result
+
+
+def memory_planned(log: Path) -> float | None:
+    """The recipe's estimate of the run's peak GPU memory (GiB), from its log; None where it made none (CPU)."""
+    found = MEMORY_PLAN.search(log.read_text(encoding="utf-8", errors="replace")) if log.exists() else None
+    return float(found.group(1).replace(",", "")) if found else None
 
 
 def expected_move(learning_rates: list[float]) -> float:
@@ -533,7 +557,7 @@ def available(variant: Variant, dry_run: bool) -> str | None:
 
 def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeout: float, limit: str) -> dict:
     """Run one variant of the recipe and measure what it left; `limit` says what set `timeout`."""
-    folder = work / variant.name
+    folder, shape = work / variant.name, variant.shaped(shape)
     shutil.rmtree(folder, ignore_errors=True)  # this check's own folder: nothing stale may pass for a result
     folder.mkdir(parents=True)
     command = recipe_command(variant, folder, work / "assets", shape, dry_run)
@@ -680,7 +704,7 @@ def _num(value, fmt: str = ",.1f") -> str:
 def _row(name: str, r: dict) -> str:
     if r["status"] in ("skipped", "failed", "did not run", "not run") and "steps" not in r:
         reason = (r.get("reason") or r.get("error") or "")[:150].replace("|", "/")
-        return f"| {name} | {r['status']}: {reason} |" + " |" * 12
+        return f"| {name} | {r['status']}: {reason} |" + " |" * 13
     model, movement, evaluation = r.get("model") or {}, r.get("movement") or {}, r.get("evaluation") or {}
     memory = r.get("peak_gpu_memory_gib")
     dtypes = f"{'+'.join(model.get('weights_dtype', []))} / {'+'.join(model.get('trainable_dtype', []))}"
@@ -696,6 +720,7 @@ def _row(name: str, r: dict) -> str:
         _num(r.get("mean_step_s"), ".2f"),
         _num(r.get("generated_tokens_per_s"), ",.0f"),
         "-" if not memory else f"{memory['allocated']:.1f} / {memory['reserved']:.1f}",
+        _num(r.get("memory_plan_gib")),
         _num(r.get("vllm_reserved_gib")),
         "-" if not movement else f"{movement['moved_fraction']:.1%}",
         _num(movement.get("realised_over_expected"), ".2f"),
@@ -708,7 +733,8 @@ def _row(name: str, r: dict) -> str:
 def table(results: dict) -> str:
     header = [
         "variant", "status", "generation", "weights / trainable dtype", "attention", "trainable", "step (s)",
-        "generated tokens/s", "peak GPU GiB, torch (allocated / reserved)", "vLLM reserves (GiB)", "weights moved",
+        "generated tokens/s", "peak GPU GiB, torch (allocated / reserved)", "recipe's plan (GiB)",
+        "vLLM reserves (GiB)", "weights moved",
         "mean move / expected", "eval s (before / after)", "wall (s)",
     ]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
