@@ -28,6 +28,20 @@ BNB_OPTIMIZERS = {
     "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
 }  # fmt: skip
 
+# The values TRL 1.16 takes for settings it reads only once the trainer is built or at the first step, after the
+# model loaded and the baseline evaluation ran: those its GRPOTrainer compares the setting with
+# (trl/trainer/grpo_trainer.py; tests/test_checks.py reads them from the installed source). The vLLM ones matter
+# only with --use_vllm.
+TRL_CHOICES = {
+    "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "scale_rewards": ("group", "batch", "none", True, False),  # GRPOConfig turns true/false into group/none
+    "importance_sampling_level": ("token", "sequence"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+}
+TRL_VLLM_CHOICES = {
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+
 # Settings checked one at a time, {name: (ok, rule)}: "name=value: rule" where not ok(value); None (a default) is not
 # checked. A chained comparison is false for NaN, and `< math.inf` for infinity too.
 AT_LEAST_ONE = (lambda x: x > 0, "must be at least 1")
@@ -50,6 +64,7 @@ RANGES = {
     "num_train_epochs": (lambda x: -math.inf < x < math.inf, "must be a finite number"),
     "top_p": (lambda x: 0 < x <= 1, "must be in (0, 1]"),
     "top_k": (lambda x: x >= 0, "must be 0 (off) or more"),
+    "min_p": (lambda x: 0 <= x <= 1, "must be in [0, 1] (a share of the likeliest token's probability)"),
     "repetition_penalty": (lambda x: 0 < x < math.inf, "must be positive (1.0 is none)"),
     **dict.fromkeys(("steps_per_generation", "num_iterations"), AT_LEAST_ONE),
     "epsilon": (lambda x: 0 < x < math.inf, "must be positive (TRL's clipping range, 0.2)"),
@@ -93,8 +108,46 @@ def problems(v: dict, *, n_rewards: int, own: dict) -> list[str]:
     """Every problem with the settings `v` that shows before anything loads (`own`: paths a preset writes itself)."""
     found = (sizes(v), groups_and_rewards(v, n_rewards), local_paths(v, own), output_folder(v, own))
     found += (lora_and_bitsandbytes(v), generation(v), evaluation_processes(v), measuring(v))
-    found += (learning_rate_and_temperatures(v),)
+    found += (learning_rate_and_temperatures(v), trl_values(v), changes_the_weights(v))
     return [line for lines in found for line in lines]
+
+
+def trl_values(v: dict) -> Iterator[str]:
+    """Values TRL or transformers would refuse only after the model loaded (TRL_CHOICES); report_to by
+    transformers' own check, which runs when the trainer is built."""
+    choices = {**TRL_CHOICES, **(TRL_VLLM_CHOICES if v["use_vllm"] else {})}
+    for name, allowed in choices.items():
+        if v.get(name) is not None and v[name] not in allowed:
+            listed = ", ".join(str(a) for a in allowed if isinstance(a, str))
+            yield f"{name}={v[name]}: TRL {'' if name in TRL_CHOICES else 'with vLLM '}takes one of {listed}"
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    given = [v["report_to"]] if isinstance(v["report_to"], str) else list(v["report_to"] or [])
+    try:
+        get_reporting_integration_callbacks([name for name in given if name != "none"])
+    except ValueError as err:
+        yield f"report_to={' '.join(given)}: {str(err).rstrip('.')} (or none)"
+
+
+def changes_the_weights(v: dict) -> Iterator[str]:
+    """A run that trains but could not move a weight: its only step at learning rate 0 (warmup starts at 0),
+    rewards weighted by nothing (every advantage 0) or by a NaN or infinity, LoRA adapters scaled by 0."""
+    warmup, schedule = v["warmup_steps"] or 0, str(v["lr_scheduler_type"])
+    if runs.trains(v) and v["max_steps"] == 1 and warmup > 0 and schedule.split(".")[-1].lower() != "constant":
+        yield (
+            f"max_steps=1 with warmup_steps={warmup:g}: warmup starts at learning rate 0, so the one step would "
+            "move no weight: add --warmup_steps 0"
+        )
+    weights = v["reward_weights"]
+    if weights is not None and not all(-math.inf < w < math.inf for w in weights):
+        yield f"reward_weights={weights}: each weight must be a finite number"
+    elif weights is not None and not any(weights):
+        yield f"reward_weights={weights}: all zero, every completion would score 0 and nothing trains"
+    if v["use_peft"] and v["lora_alpha"] is not None and v["lora_alpha"] <= 0:
+        yield (
+            f"lora_alpha={v['lora_alpha']}: the adapters' output is scaled by lora_alpha / lora_r, so at 0 or less "
+            "they would not train (the recipe uses 64)"
+        )
 
 
 def fsdp() -> bool:

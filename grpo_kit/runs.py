@@ -94,12 +94,34 @@ def read_json(path: str | Path, default=None):
 
 
 def disk_full(err: BaseException) -> bool:
-    """Whether `err` (or what caused it) is a full disk or quota; safetensors reports one as its own error type."""
+    """Whether `err` (or what caused it) is a full disk or quota. safetensors reports one as its own error type,
+    torch.save (an optimizer state) as its zip writer's failed write: "[enforce fail at inline_container.cc:...]
+    . unexpected pos" (caffe2/serialize/inline_container.cc, checked on torch 2.13)."""
     while err is not None:
-        if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err):
+        text = str(err)
+        if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in text:
+            return True
+        if "inline_container.cc" in text and "unexpected pos" in text:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+SECRET_NAME = re.compile(r"--?[\w-]*(token|api[_-]key|password|secret)", re.I)  # --hub_token, not --max_tokens
+SECRET_VALUE = re.compile(r"\b(hf|api|sk)_[A-Za-z0-9]{16,}")  # a Hub token (or a key) given anywhere else
+
+
+def public(argv: list[str]) -> list[str]:
+    """`argv` as the recipe may write or print it: a token, key or password's value replaced by <redacted>."""
+    shown, hide = [], False
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if hide:
+            arg, hide = "<redacted>", False
+        elif SECRET_NAME.fullmatch(name):
+            arg, hide = (f"{name}=<redacted>", False) if eq else (arg, True)
+        shown.append(SECRET_VALUE.sub("<redacted>", arg))
+    return shown
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -108,7 +130,7 @@ def resume_command(argv: list[str] | None = None) -> str:
     line around it."""
     import shlex
 
-    argv = list(sys.argv if argv is None else argv)
+    argv = public(list(sys.argv if argv is None else argv))  # a token stays out of the log: the user gives it again
     script, args, kept = argv[0], argv[1:], []
     skip = False
     for arg in args:
@@ -182,7 +204,9 @@ def claim(output_dir: str | Path) -> Path:
     while True:
         try:
             with path.open("x", encoding="utf-8") as f:
-                json.dump({**me, "since": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}, f)
+                json.dump(
+                    {**me, "since": datetime.now(UTC).isoformat(timespec="seconds"), "command": public(sys.argv)}, f
+                )
             break
         except FileExistsError:
             holder = read_json(path, {})  # {} while being written, or damaged
@@ -603,10 +627,10 @@ def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict
     environment = {name: os.environ[name] for name in sorted(CONFIG_ENV) if name in os.environ}
     facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware(), "env": environment}
     if record is not None:
-        record.setdefault("resumes", []).append({"at": now, "command": sys.argv, "from": resumed_from, **facts})
+        record.setdefault("resumes", []).append({"at": now, "command": public(sys.argv), "from": resumed_from, **facts})
     else:
         plain = {name: a.to_dict() if hasattr(a, "to_dict") else dataclasses.asdict(a) for name, a in settings.items()}
-        record = {"created": now, "command": sys.argv, "recipe": facts["recipe"], "seed": seed,
+        record = {"created": now, "command": public(sys.argv), "recipe": facts["recipe"], "seed": seed,
                   "versions": facts["versions"], "hardware": facts["hardware"], "env": environment,
                   "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)}, "model": model,
                   "settings": plain}  # fmt: skip

@@ -262,6 +262,7 @@ def _parser(config: Path | None = None):
     from trl import GRPOConfig, ModelConfig, TrlParser
 
     parser = TrlParser((RunArguments, GRPOConfig, ModelConfig))
+    parser.allow_abbrev = False  # --conf is not --config, --lr not --lr_scheduler_type: every name is given whole
     where = f" (on the command line or in {config})" if config else ""
 
     def error(message: str):  # argparse's own prints the whole usage first: hundreds of lines
@@ -412,10 +413,26 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     return values
 
 
+def built(values: dict):
+    """(RunArguments, GRPOConfig, ModelConfig) of `values`. What TRL's and transformers' own checks refuse as the
+    objects are built (`__post_init__`: batch arithmetic, settings that exclude each other, a setting another needs)
+    is said as the recipe's message, with the settings it names and their values: their rules, not a copy of them."""
+    try:
+        return _parser().parse_dict(values)
+    except (ValueError, TypeError, ImportError) as err:
+        said = str(err).strip().rstrip(".")
+        named = [n for n in values if len(n) > 2 and re.search(rf"(?<![A-Za-z_]){re.escape(n)}(?![A-Za-z_])", said)]
+        given = ", ".join(" ".join(runs.public([f"--{n}", str(values[n])])) for n in named)
+        raise RecipeError(
+            f"Invalid settings: {said}" + (f" (here: {given})" if given else "") + f". python {Path(sys.argv[0]).name} "
+            "--help-all says what each one does"
+        ) from None
+
+
 def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
     values = resolve(argv, recipe_defaults, reward_funcs)  # first: a config's env: is set before trl is imported
-    run, training_args, model_args = _parser().parse_dict(values)
+    run, training_args, model_args = built(values)
     if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
         # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.
         model_args.lora_target_modules = [model_args.lora_target_modules]

@@ -227,6 +227,32 @@ def test_a_full_disk_is_told_from_other_errors():
     except ValueError as err:
         assert runs.disk_full(err)
     assert not runs.disk_full(OSError(errno.EACCES, "Permission denied"))
+    # torch.save's zip writer on a full disk (the optimizer state of a checkpoint)
+    assert runs.disk_full(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1114"))
+    assert not runs.disk_full(RuntimeError("[enforce fail at inline_container.cc:300] . file not found: archive/x"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        # the value after a secret's name, or after its "=", wherever it is
+        (["grpo_demo.py", "--hub_token", "hf_abc", "--max_steps", "3"], ["grpo_demo.py", "--hub_token", "<redacted>",
+                                                                          "--max_steps", "3"]),
+        (["x.py", "--hub-token=abc"], ["x.py", "--hub-token=<redacted>"]),
+        (["x.py", "--wandb_api_key", "k"], ["x.py", "--wandb_api_key", "<redacted>"]),
+        # a Hub token's shape anywhere else
+        (["x.py", "--model_name_or_path", "hf_" + "a" * 30], ["x.py", "--model_name_or_path", "<redacted>"]),
+        # settings that only sound like one stay
+        (["x.py", "--max_prompt_tokens", "256", "--max_completion_length", "9"],
+         ["x.py", "--max_prompt_tokens", "256", "--max_completion_length", "9"]),
+    ],
+)  # fmt: skip
+def test_no_token_reaches_a_file_or_a_printed_command(argv, shown, monkeypatch, tmp_path):
+    assert runs.public(argv) == shown
+    monkeypatch.setattr(sys, "argv", argv)
+    runs.claim(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())["command"] == shown
+    assert "hf_a" not in runs.resume_command() and "hf_abc" not in runs.resume_command()
 
 
 class Line(torch.nn.Module):

@@ -353,6 +353,85 @@ def test_each_invalid_setting_has_its_own_message(args, message):
     assert message in refused(args)
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        # TRL reads these only once the trainer is built or at the first step, after the baseline evaluation ran
+        (["--loss_type", "dapo2"], ["loss_type=dapo2", "grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo"]),
+        (["--scale_rewards", "std"], ["scale_rewards=std", "group, batch, none"]),
+        (["--importance_sampling_level", "seq"], ["importance_sampling_level=seq", "token, sequence"]),
+        (["--multi_objective_aggregation", "sum"], ["multi_objective_aggregation", "sum_then_normalize"]),
+        (["--use_vllm", "--vllm_importance_sampling_mode", "token"], ["vllm_importance_sampling_mode=token"]),
+        (["--min_p", "2"], ["min_p=2.0"]),
+        # transformers' own check of the trackers, which it makes only when the trainer is built
+        (["--report_to", "tensorbord"], ["report_to=tensorbord", "tensorboard", "wandb"]),
+        # runs that could not move a weight: said before they start
+        (["--max_steps", "1", "--warmup_steps", "0.1"], ["max_steps=1", "warmup_steps=0.1", "--warmup_steps 0"]),
+        (["--reward_weights", "0", "0", "0", "0", "0"], ["reward_weights=[0.0, 0.0, 0.0, 0.0, 0.0]"]),
+        (["--reward_weights", "1", "nan", "1", "1", "1"], ["reward_weights=[1.0, nan,", "finite"]),
+        (["--reward_weights", "1", "1", "inf", "1", "1"], ["reward_weights=[1.0, 1.0, inf,", "finite"]),
+        (["--use_peft", "--lora_alpha", "0"], ["lora_alpha=0"]),
+        # no abbreviation is taken: --conf is not --config (which the config reader would not have read)
+        (["--conf", "configs/dapo.yaml"], ["Unknown settings on the command line: ['--conf'"]),
+        (["--lr", "1e-5"], ["Unknown settings on the command line: ['--lr'"]),
+    ],
+)
+def test_what_the_libraries_would_refuse_late_or_never_is_refused_before_loading(args, named):
+    message = refused(["--smoke", *args])
+    assert all(part in message for part in named), message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max_steps", "1", "--warmup_steps", "0"],  # no warmup: the one step trains
+        ["--max_steps", "1", "--warmup_steps", "0.1", "--lr_scheduler_type", "constant"],  # constant has no warmup
+        ["--reward_weights", "0", "0", "0", "0", "1"],  # one reward is enough
+        ["--report_to", "none"],
+        ["--vllm_importance_sampling_mode", "token"],  # read only with --use_vllm
+    ],
+)
+def test_their_neighbours_that_do_train_are_taken(args):
+    resolved(["--smoke", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        # GRPOConfig's and TrainingArguments' own checks, as the objects are built: their words, the settings named
+        (["--config", str(ROOT / "configs/dapo.yaml"), "--generation_batch_size", "16"], ["--steps_per_generation 16"]),
+        (["--generation_batch_size", "12"], ["generation_batch_size (12)", "--generation_batch_size 12"]),
+        (["--auto_find_batch_size", "true"], ["--auto_find_batch_size True"]),
+        (["--log_completions_hub_repo", "me/logs", "--log_completions", "false"], ["--log_completions_hub_repo"]),
+        (
+            ["--vllm_importance_sampling_clip_min", "5", "--vllm_importance_sampling_clip_max", "2"],
+            ["--vllm_importance_sampling_clip_min 5.0"],
+        ),
+        (["--eval_strategy", "steps", "--per_device_eval_batch_size", "3"], ["eval batch size (3 * 1)"]),
+    ],
+)
+def test_the_libraries_own_refusals_are_the_recipes_messages(args, named):
+    with pytest.raises(RecipeError) as stop:
+        settings.parse(["--smoke", *args], grpo_demo.recipe_defaults(), grpo_demo.REWARD_FUNCS)
+    assert str(stop.value).startswith("Invalid settings: ") and all(part in str(stop.value) for part in named)
+
+
+def test_trl_takes_exactly_the_values_the_checks_allow():
+    """The contract with TRL: every value its trainer and config compare each setting with, read from the installed
+    source, is the list the checks take (a TRL that adds or drops one fails here)."""
+    import inspect
+
+    from trl.trainer import grpo_config, grpo_trainer
+
+    source = inspect.getsource(grpo_trainer) + inspect.getsource(grpo_config)
+    for name, allowed in {**checks.TRL_CHOICES, **checks.TRL_VLLM_CHOICES}.items():
+        compared = re.findall(
+            rf"(?:self|args)\.{name}\s*(?:==|!=|not in|in)\s*(\([^)]*\)|\[[^]]*\]|\"[^\"]+\")", source
+        )
+        found = set(re.findall(r'"([^"]+)"', " ".join(compared)))
+        assert found == {a for a in allowed if isinstance(a, str)}, name
+
+
 def test_bad_tag_names_are_refused(monkeypatch):
     message = refused(["--reasoning_tag", "my tag"])
     assert "reasoning_tag='my tag': a tag's name is a letter, then letters, digits, '_' or '-'" in message
