@@ -275,11 +275,22 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
                 f"{', ...' if len(others) > 5 else ''}){why and ', ' + why}: choose another --output_dir"
             )
     found = runs.checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
-    if found and runs.trains(v) and not v["resume_from_checkpoint"] and output_dir not in own.get("output_dir", ()):
+    resume, ours = v["resume_from_checkpoint"], output_dir in own.get("output_dir", ())
+    if found and runs.trains(v) and not resume and not ours:
         yield (
             f"output_dir={output_dir} already holds {found[-1].name}: resume it ({runs.resume_command()}), "
             "or start a new run with another --output_dir"
         )
+    elif runs.trains(v) and resume and resume not in runs.RESUME_LATEST and not ours and path.is_dir():
+        # a checkpoint of another folder continued here: only into a folder that holds no run of its own
+        source = Path(resume).expanduser().resolve().parent
+        held = [p.name for p in (*found[-1:], path / runs.RECORD_NAME, path / "model.safetensors") if p.exists()]
+        if source != path.resolve() and (held or a_model):
+            yield (
+                f"output_dir={output_dir} holds another run ({', '.join(held) or 'a model'}), which resuming "
+                f"{resume} there would write over: resume it in its own folder (--output_dir {source}), or continue "
+                "it into an empty --output_dir"
+            )
 
 
 def lora_and_bitsandbytes(v: dict) -> Iterator[str]:

@@ -380,7 +380,9 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     backend its tasks. Returns the summaries."""
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     max_new = training_args.max_completion_length
+    # a run's model: final; a start model: baseline; a run's checkpoint: its own name, in the run's eval/
     trained = (Path(path) / "trainer_state.json").is_file()
+    trained = Path(path).name if trained and runs.CHECKPOINT.fullmatch(Path(path).name) else trained
     tokenizer = models.load_tokenizer(model_args, training_args)
     kept = drop_long_prompts(test_rows, tokenizer, run.max_prompt_tokens, run.eval_split)  # as train rows are
     rows = list(islice(kept, run.eval_limit))
@@ -409,7 +411,7 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
         terms = dict(model=path, questions_sha256=fingerprint, max_new_tokens=max_new, protocol=protocol.name)
         terms.update(sampling=drawn or None, **split_terms(run))
         terms["tags"] = list(answer_format.tags) if protocol.judges_format else None
-        name = reports.free_name(output_dir, eval_name("final" if trained else "baseline", protocol.name), terms)
+        name = reports.free_name(output_dir, eval_name(evaluated_as(trained), protocol.name), terms)
         settings = dict(max_new_tokens=max_new, batch_size=run.eval_batch_size, model_name=path, protocol=protocol)
         if training_args.use_vllm:  # vLLM's completions, scored instead of generating with `model`
             prompts = [protocol.prompt(row["question"]) for row in rows]
@@ -423,7 +425,12 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     return summaries
 
 
-def evaluate_harness(protocol, run, training_args, model_args, trained: bool) -> dict:
+def evaluated_as(trained: bool | str) -> str:
+    """The name an evaluation of a model takes: a checkpoint's (`trained` holds it), final or baseline."""
+    return trained if isinstance(trained, str) else "final" if trained else "baseline"
+
+
+def evaluate_harness(protocol, run, training_args, model_args, trained: bool | str) -> dict:
     """`protocol` by lm-eval on `--model_name_or_path`, loaded by lm-eval as its command line loads it (`hf`, or
     `vllm` with `--use_vllm`), into `eval/final-<protocol>` (`baseline-` of a start model); then the comparison."""
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
@@ -435,7 +442,7 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool) ->
         spec |= {"gpu_memory_utilization": training_args.vllm_gpu_memory_utilization}
         spec |= {"max_model_len": training_args.vllm_max_model_length} if training_args.vllm_max_model_length else {}
     # What the summary will say of it (the questions: the data set and limit its details name), as evaluate_only's:
-    plain = eval_name("final" if trained else "baseline", protocol.name)
+    plain = eval_name(evaluated_as(trained), protocol.name)
     terms = dict(model=path, protocol=protocol.name, split="test", max_new_tokens=settings["max_gen_toks"] or 256)
     terms["protocol_details"] = harness.protocol_details(protocol, run.dataset, settings)
     terms["questions_sha256"] = (reports.read_summary(output_dir, plain) or {}).get("questions_sha256")

@@ -20,13 +20,14 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = None, dtype: str | None = None) -> Path:
-    """Merge the adapter into `base` (default: the adapter's) loaded unquantized in `dtype` (default: bf16 with CUDA,
-    fp32 without, as the recipe trains there); save it to `output` with a tokenizer (the run's, else the base's)."""
-    import torch
+    """Merge the adapter into `base` (default: the adapter's) loaded unquantized in `dtype` (default: fp32); save it
+    to `output`, a new folder, with a tokenizer (the run's, else the base's)."""
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    adapter, output = Path(adapter), Path(output)
+    if not str(output).strip():
+        raise RecipeError("--output is empty: name a new folder for the merged model")
+    adapter, output = Path(adapter), Path(output).expanduser()
     if not (config := adapter / "adapter_config.json").is_file():
         if (adapter / "config.json").is_file():
             raise RecipeError(
@@ -34,11 +35,22 @@ def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = No
                 "nothing to merge. Adapters come from runs with --use_peft."
             )
         raise RecipeError(f"--adapter {adapter}: no adapter_config.json there (the output_dir of a --use_peft run)")
-    base = base or json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    try:
+        adapter_config = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RecipeError(f"{config} cannot be read ({err}): copy the adapter's folder again") from None
+    base = base or (adapter_config.get("base_model_name_or_path") if isinstance(adapter_config, dict) else None)
     if not base:
         raise RecipeError(f"{config} names no base model: give it with --base MODEL")
+    if Path(base).expanduser().exists() and output.resolve() == Path(base).expanduser().resolve():
+        raise RecipeError("--output must be another folder than the base model (its weights would be overwritten)")
     if output.resolve() == adapter.resolve():
         raise RecipeError("--output must be another folder than --adapter (the adapter would be overwritten)")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise RecipeError(
+            f"--output {output}: {'a file' if not output.is_dir() else 'a folder with files'} is there, which the "
+            "merged model would write over: name a new folder"
+        )
     if base.startswith((".", "/", "~")) and not Path(base).expanduser().is_dir():
         raise RecipeError(
             f"The base model {base!r}: no such folder. Give the base the adapter was trained on with --base"
@@ -55,10 +67,19 @@ def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = No
             f"The base {base!r} is a quantized checkpoint: a merge needs full-precision weights. "
             "Give the original model with --base (e.g. Qwen/Qwen2.5-1.5B-Instruct, not a 4-bit copy of it)."
         )
-    dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    # fp32 by default: merged in bf16, w + BA is rounded to bf16's 8 bits, which keeps little of an update smaller than
+    # a weight's rounding step (about 1e-4 at 0.025): the adapter's early training, most of it
+    dtype = dtype or "float32"
     logger.info("Loading base %s in %s (never quantized)", base, dtype)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError) as err:  # size mismatch: the adapter was trained on another model
+        first = str(err).strip().splitlines()[0][:300]
+        raise RecipeError(
+            f"The adapter {adapter} does not fit the base {base!r} ({first}): give the base it was trained on "
+            "with --base"
+        ) from None
     tokenizer = AutoTokenizer.from_pretrained(adapter if (adapter / "tokenizer_config.json").is_file() else base)
     output.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(output)
@@ -73,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", required=True, help="Folder for the merged model and tokenizer")
     parser.add_argument("--base", help="The base model (Hub id or folder); default: the adapter's own")
     parser.add_argument(
-        "--dtype", choices=DTYPES, help="Weights' dtype; default: bfloat16 with CUDA, float32 without; auto: the base's"
+        "--dtype", choices=DTYPES, help="Weights' dtype; default: float32 (bfloat16 halves the size, rounding small updates away); auto: the base's"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)

@@ -634,6 +634,8 @@ def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict
                   "versions": facts["versions"], "hardware": facts["hardware"], "env": environment,
                   "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)}, "model": model,
                   "settings": plain}  # fmt: skip
+        if resumed_from:  # a checkpoint of another folder's run, continued in this one
+            record["continues"] = str(resumed_from)
     path = Path(output_dir) / RECORD_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")

@@ -401,7 +401,10 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     model_dir = Path(values["model_name_or_path"]).expanduser()
     own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
-        values["output_dir"] = str(model_dir)  # an evaluation lands beside the model it measured
+        # an evaluation lands beside the model it measured; a checkpoint's in its run's folder (eval/checkpoint-N),
+        # not inside the checkpoint, which the run's rotation deletes
+        checkpoint = runs.CHECKPOINT.fullmatch(model_dir.name) and (model_dir / "trainer_state.json").is_file()
+        values["output_dir"] = str(model_dir.parent if checkpoint else model_dir)
     if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):
         raise RecipeError("Invalid settings:", found)
     for warning in checks.warnings(values):

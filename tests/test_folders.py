@@ -354,3 +354,10 @@ def test_a_run_that_wrote_nothing_leaves_no_empty_folder(tmp_path):
     (tmp_path / "outputs" / "kept" / "run_record.json").write_text("{}")
     runs.release(lock, [tmp_path / "outputs" / "kept", tmp_path / "outputs"])
     assert [p.name for p in (tmp_path / "outputs" / "kept").iterdir()] == ["run_record.json"]
+
+
+def test_a_run_continued_from_another_folders_checkpoint_names_it_in_its_record(tmp_path):
+    rows = {"prompt": [[{"role": "user", "content": "1 + 1?"}]], "answer": ["2"]}
+    record = runs.write_run_record(tmp_path / "new", {}, rows, 0, resumed_from=tmp_path / "old" / "checkpoint-2")
+    assert record["continues"] == str(tmp_path / "old" / "checkpoint-2")
+    assert "continues" not in runs.write_run_record(tmp_path / "fresh", {}, rows, 0)

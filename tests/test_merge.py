@@ -68,3 +68,35 @@ def test_merge_names_what_is_wrong_instead_of_a_traceback(adapter_run, tmp_path)
     (quantized / "config.json").write_text(json.dumps(config))
     with pytest.raises(RecipeError, match="is a quantized checkpoint: a merge needs full-precision weights"):
         merge.merge_adapter(folder / "run", folder / "out", base=str(quantized))
+
+
+def test_merge_never_writes_over_a_file_or_folder_and_names_a_broken_or_foreign_adapter(adapter_run, tmp_path):
+    folder, _, _ = adapter_run
+    weights = (folder / "base" / "model.safetensors").read_bytes()
+    (tmp_path / "notes.txt").write_text("mine")
+    for output, said in [
+        (folder / "base", "another folder than the base model"),  # the base's weights
+        (tmp_path / "notes.txt", "a file is there"),
+        (folder, "a folder with files is there"),
+        ("", "--output is empty"),
+    ]:
+        with pytest.raises(RecipeError, match=said):
+            merge.merge_adapter(folder / "run", output, base=str(folder / "base"))
+    assert (folder / "base" / "model.safetensors").read_bytes() == weights
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+    cut = tmp_path / "cut"  # an adapter folder copied halfway: its config cut short
+    cut.mkdir()
+    (cut / "adapter_config.json").write_text((folder / "run" / "adapter_config.json").read_text()[:40])
+    with pytest.raises(RecipeError, match="adapter_config.json cannot be read"):
+        merge.merge_adapter(cut, tmp_path / "out")
+
+    other = tmp_path / "other-base"  # another size: the adapter's matrices do not fit it
+    fmt = grpo_demo.ANSWER_FORMAT
+    model = smoke.build_tiny_model(smoke.build_tokenizer(smoke.corpus(fmt, smoke.make_problems(8)), fmt.tags))
+    config = model.config
+    config.hidden_size, config.intermediate_size = config.hidden_size * 2, config.intermediate_size * 2
+    type(model)(config).save_pretrained(other)
+    with pytest.raises(RecipeError, match="does not fit the base"):
+        merge.merge_adapter(folder / "run", tmp_path / "out2", base=str(other))
+    assert not (tmp_path / "out2").exists()

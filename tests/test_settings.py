@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, offline_env, refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks, runs, settings
+from grpo_kit import RecipeError, checks, evaluation, runs, settings
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -459,6 +459,12 @@ def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
     chosen = resolved(["--eval_only", "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "mine")])
     assert chosen.output_dir == str(tmp_path / "mine")  # unless told otherwise
     assert resolved(["--eval_only"]).output_dir == "outputs/Qwen-1.5B-GRPO"  # a Hub model: the run's folder
+    # a run's checkpoint: in the run's folder, not inside the checkpoint (which the run's rotation deletes), under
+    # the checkpoint's name
+    checkpoint = fake_checkpoint(tmp_path / "run" / "checkpoint-2", step=2)
+    (checkpoint / "config.json").write_text("{}")
+    assert resolved(["--eval_only", "--model_name_or_path", str(checkpoint)]).output_dir == str(tmp_path / "run")
+    assert [evaluation.evaluated_as(t) for t in ("checkpoint-2", True, False)] == ["checkpoint-2", "final", "baseline"]
 
 
 def test_eval_only_writes_only_beside_a_run_or_a_model(tmp_path, monkeypatch, tiny_dir):
@@ -736,6 +742,30 @@ def test_resuming_another_folders_checkpoint_compares_with_that_run(tmp_path):
     (tmp_path / "old" / "run_record.json").write_text(json.dumps(record))
     argv = ["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(tmp_path / "old" / "checkpoint-2")]
     assert "learning_rate: 5e-06 -> 0.001" in refused([*argv, "--learning_rate", "1e-3"])
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        ("checkpoint-4",),  # another run's checkpoint
+        ("run_record.json",),  # another run, its checkpoints rotated away
+        ("model.safetensors", "config.json"),  # a finished run's model
+    ],
+)
+def test_resuming_another_folders_checkpoint_never_writes_over_the_run_in_the_output_folder(tmp_path, held):
+    old = fake_checkpoint(tmp_path / "old" / "checkpoint-2", step=2)
+    for name in held:
+        if name.startswith("checkpoint-"):
+            fake_checkpoint(tmp_path / "other" / name, step=4)
+        else:
+            (tmp_path / "other").mkdir(exist_ok=True)
+            (tmp_path / "other" / name).write_text("{}")
+    message = refused(["--output_dir", str(tmp_path / "other"), "--resume_from_checkpoint", str(old)])
+    assert f"output_dir={tmp_path / 'other'} holds another run ({held[0]}" in message
+    assert f"--output_dir {tmp_path / 'old'}" in message  # where it resumes
+    # into an empty folder, or its own, it goes on
+    for folder in (tmp_path / "empty", tmp_path / "old"):
+        assert resolved(["--output_dir", str(folder), "--resume_from_checkpoint", str(old)]).resume_from_checkpoint
 
 
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
