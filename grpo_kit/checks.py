@@ -176,7 +176,7 @@ def sizes(v: dict) -> Iterator[str]:
         yield (  # accelerate refuses a second Accelerator with a DeepSpeed plugin: the warm start's, then GRPO's
             "warm_start_rows under DeepSpeed or FSDP: the warm start and GRPO would be two trainers in one process, "
             "which accelerate refuses there; warm-start in a run of its own (python grpo_demo.py ... --warm_start_rows "
-            "N --max_steps 1 --final_eval false), then launch GRPO from its <output_dir>/warm-start"
+            "N --max_steps 1 --warmup_steps 0 --final_eval false), then launch GRPO from its <output_dir>/warm-start"
         )
     if not runs.trains(v) and v["resume_from_checkpoint"]:
         yield (

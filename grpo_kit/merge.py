@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", required=True, help="Folder for the merged model and tokenizer")
     parser.add_argument("--base", help="The base model (Hub id or folder); default: the adapter's own")
     parser.add_argument(
-        "--dtype", choices=DTYPES, help="Weights' dtype; default: float32 (bfloat16 halves the size, rounding small updates away); auto: the base's"
+        "--dtype",
+        choices=DTYPES,
+        help="Weights' dtype; default: float32 (bfloat16 halves the size, rounding small updates away); auto: "
+        "the base's",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)

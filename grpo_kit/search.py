@@ -37,6 +37,7 @@ WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learnin
 DRIVERS = dict(psycopg="'psycopg[binary]'", psycopg2="psycopg2-binary", pymysql="PyMySQL", MySQLdb="mysqlclient")
 # The recipe settings the search sets for each trial
 SEARCH_OWN = ("output_dir", "run_name", "reward_weights", "eval_split", "validation_rows", "final_eval")
+STUDY_FILE = "study.json"  # in a study's folder: whose trials it holds
 FINISHED_ATTR = "returncode"  # set on every trial whose run ended (well or not): the others were interrupted
 
 
@@ -75,12 +76,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         recipe_args = [] if torch.cuda.is_available() else ["--demo"]  # on a CPU, the demo: minutes, not days
     args.recipe_args = recipe_args
-    # As the recipe reads them: `--final_eval=false` and an abbreviation argparse accepts (`--final_ev`) name it too.
+    # As the recipe reads them: `--final_eval=false` names final_eval too; a name it does not know (an abbreviation:
+    # the recipe takes none) is refused now, not by every trial
+    unknown: list[str] = []
     try:
-        given = settings.given_on_command_line(settings.read_config(recipe_args, apply_env=False)[0])
+        given = settings.given_on_command_line(settings.read_config(recipe_args, apply_env=False)[0], unknown)
     except RecipeError as err:  # a value of the wrong type: said with the recipe's --help, not the search's
         message = str(err).split(". python ")[0].removeprefix("Invalid setting: ").rstrip(".")
         parser.error(f"the recipe settings after --: {message}; python {args.recipe} --help lists them")
+    if unknown:
+        parser.error(f"the recipe settings after --: unknown {unknown}; python {args.recipe} --help lists them")
     for name in SEARCH_OWN:
         if name in given:
             parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")
@@ -91,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.folder = args.folder or Path("outputs") / "search" / args.study
     if args.folder.exists() and not args.folder.is_dir():
         parser.error(f"--folder {args.folder}: a file is there, not a folder: choose another")
+    held = (read_json(args.folder / STUDY_FILE) or {}).get("study")
+    if held is not None and held != args.study:  # trial-0000.log, trial-0000/, best.yaml: one study's names
+        parser.error(
+            f"--folder {args.folder} holds study {held!r}, whose trials and best.yaml study {args.study!r} would write "
+            f"over: give it a folder of its own (--folder {args.folder.parent / args.study})"
+        )
     args.storage = args.storage or f"sqlite:///{(args.folder / 'study.db').resolve()}"
     if args.storage.startswith("sqlite:///") and args.storage != "sqlite:///:memory:":
         where = Path(args.storage.removeprefix("sqlite:///")).parent
@@ -398,6 +409,7 @@ def search(args) -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.9
     args.folder.mkdir(parents=True, exist_ok=True)
+    (args.folder / STUDY_FILE).write_text(json.dumps({"study": args.study}) + "\n", encoding="utf-8")
     names, states = reward_names(args.recipe), optuna.trial.TrialState
     study, storage = open_study(args, optuna, names)
     try:

@@ -319,12 +319,15 @@ def short_help(parser) -> str:
     return "\n".join(lines)
 
 
-def given_on_command_line(argv: list[str]) -> dict:
-    """The settings the command line names, typed (values for everything else are left out)."""
+def given_on_command_line(argv: list[str], unknown: list | None = None) -> dict:
+    """The settings the command line names, typed (values for everything else are left out); what it does not know
+    (a misspelt or abbreviated name, and what follows it) is added to `unknown`."""
     parser = _parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return vars(parser.parse_known_args([a for a in argv if a not in ("-h", "--help", "--help-all")])[0])
+    given, rest = parser.parse_known_args([a for a in argv if a not in ("-h", "--help", "--help-all")])
+    (unknown if unknown is not None else []).extend(rest)
+    return vars(given)
 
 
 def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:

@@ -180,7 +180,8 @@ def train_one_step(model_dir, gsm8k_dir, output_dir):
 
     argv = [
         "--model_name_or_path", str(model_dir), "--dataset", str(gsm8k_dir), "--output_dir", str(output_dir),
-        "--report_to", "none", "--max_steps", "1", "--save_strategy", "no", "--log_completions", "false",
+        "--report_to", "none", "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no",
+        "--log_completions", "false",
         "--num_generations", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
         "--max_completion_length", "8", "--activation_checkpointing", "false",
     ]  # fmt: skip
@@ -349,7 +350,7 @@ def test_warm_start_targets_end_where_a_turn_ends_after_prompts_with_one_bos(kin
 
 
 @pytest.mark.slow  # the recipe in a subprocess
-@pytest.mark.parametrize("mode", [["--max_steps", "1"], ["--eval_only"]])
+@pytest.mark.parametrize("mode", [["--max_steps", "1", "--warmup_steps", "0"], ["--eval_only"]])
 def test_a_base_model_without_a_chat_template_is_named_not_a_traceback(mode, base_model_dir, gsm8k_dir, tmp_path):
     args = ["--model_name_or_path", str(base_model_dir), "--dataset", str(gsm8k_dir), *mode, "--report_to", "none"]
     done = run_recipe([*args, "--output_dir", str(tmp_path / "run")], tmp_path)

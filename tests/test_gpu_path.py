@@ -200,7 +200,7 @@ def trainer_for(tiny_dir, gsm8k_dir, tmp_path, extra: list[str], steps: int = 1)
 
     argv = [
         "--model_name_or_path", str(tiny_dir), "--dataset", str(gsm8k_dir), "--output_dir", str(tmp_path),
-        "--use_cpu", "true", "--bf16", "true", "--report_to", "none", "--max_steps", str(steps),
+        "--use_cpu", "true", "--bf16", "true", "--report_to", "none", "--max_steps", str(steps), "--warmup_steps", "0",
         "--save_strategy", "no", "--log_completions", "false", "--num_generations", "2",
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--max_completion_length", "6",
         "--lora_r", "2", *extra,

@@ -692,7 +692,11 @@ def test_a_copied_recipe_with_think_tags_trains_evaluates_and_asks_in_its_own_fo
     copy = tmp_path / "my_recipe.py"
     copy.write_text(source.replace(line, 'REASONING_TAG = "think"'), encoding="utf-8")
 
-    result = run_recipe(["--demo", "--max_steps", "1", "--eval_limit", "32", "--eval_every_steps", "0"], tmp_path, copy)
+    result = run_recipe(
+        ["--demo", "--max_steps", "1", "--warmup_steps", "0", "--eval_limit", "32", "--eval_every_steps", "0"],
+        tmp_path,
+        copy,
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     run = tmp_path / "outputs" / "demo-GRPO"
     baseline = json.loads((run / "eval" / "baseline" / "summary.json").read_text())
@@ -795,7 +799,8 @@ def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tm
     copy = tmp_path / "my_recipe.py"
     copy.write_text(source.replace(line, f'MODEL_NAME = "{model}"'), encoding="utf-8")
     args = [
-        "--dataset", str(gsm8k_dir), "--report_to", "none", "--max_steps", "1", "--num_generations", "4",
+        "--dataset", str(gsm8k_dir), "--report_to", "none", "--max_steps", "1", "--warmup_steps", "0",
+        "--num_generations", "4",
         "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_completion_length", "16",
         "--eval_limit", "8", "--eval_every_steps", "0",
     ]  # fmt: skip
@@ -814,7 +819,7 @@ def test_editing_model_name_in_a_copied_recipe_trains_a_llama_under_its_names(tm
 
 
 def test_an_unreachable_hub_names_the_local_options_and_the_commands_run_as_printed(tmp_path):
-    result = run_recipe(["--max_steps", "1", "--report_to", "none"], cwd=tmp_path)
+    result = run_recipe(["--max_steps", "1", "--warmup_steps", "0", "--report_to", "none"], cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stdout
     assert not (tmp_path / "outputs").exists()  # a run that wrote nothing leaves no empty folder
     script = ROOT / "grpo_demo.py"

@@ -103,7 +103,11 @@ def test_without_optuna_the_search_says_how_to_install_it(fake_recipe, monkeypat
 def test_a_study_records_failed_trials_and_writes_the_best_settings_a_run_takes(fake_recipe, capsys, monkeypatch):
     folder = fake_recipe.parent / "study"
     monkeypatch.setenv("FAIL_TRIAL", "trial-0002")
-    search.main(search_args(fake_recipe, folder, 5, "--sampler_seed", "0", "--", "--smoke", "--max_steps", "1"))
+    search.main(
+        search_args(
+            fake_recipe, folder, 5, "--sampler_seed", "0", "--", "--smoke", "--max_steps", "1", "--warmup_steps", "0"
+        )
+    )
     study = load(folder)
     trials = study.trials
     assert [t.number for t in trials] == [0, 1, 2, 3, 4]
@@ -174,16 +178,20 @@ def test_without_recipe_settings_a_cpu_searches_the_demo_and_a_gpu_box_the_recip
     [
         (["--final_eval", "false"], "final_eval"),
         (["--final_eval=false"], "final_eval"),
-        (["--final_ev", "false"], "final_eval"),  # an abbreviation the recipe's argparse takes for --final_eval
-        (["--smoke", "--eval_spl=test"], "eval_split"),
-        (["--output_d", "elsewhere"], "output_dir"),
+        (["--smoke", "--eval_split=test"], "eval_split"),
+        (["--output_dir", "elsewhere"], "output_dir"),
+        # abbreviations: the recipe takes none, so they are unknown settings, said before any trial
+        (["--final_ev", "false"], "unknown ['--final_ev', 'false']"),
+        (["--smoke", "--eval_spl=test"], "unknown ['--eval_spl=test']"),
     ],
 )
 def test_the_settings_the_search_sets_are_refused_however_they_are_spelled(fake_recipe, capsys, recipe_args, name):
     with pytest.raises(SystemExit) as stop:
         search.parse_args(["--trials", "3", "--recipe", str(fake_recipe), "--", *recipe_args])
     assert stop.value.code == 2
-    assert f"error: --{name} is the search's to set for each trial" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (f"error: the recipe settings after --: {name}" if "unknown" in name else f"error: --{name} is the search's"
+            ) in err  # fmt: skip
 
 
 def test_a_recipe_setting_of_the_wrong_type_names_the_recipes_help(fake_recipe, capsys):
@@ -287,6 +295,17 @@ def test_the_searchs_own_arguments_are_checked_before_it_starts(fake_recipe, cap
     assert not (fake_recipe.parent / "study").exists()  # nothing started
 
 
+def test_two_studies_never_share_a_folder(fake_recipe, capsys):
+    folder = fake_recipe.parent / "shared"
+    folder.mkdir()
+    (folder / search.STUDY_FILE).write_text('{"study": "a"}')  # as study a's first command left it
+    with pytest.raises(SystemExit) as stop:
+        search.main(search_args(fake_recipe, folder, 2, "--study", "b", "--", "--smoke"))
+    assert stop.value.code == 2
+    assert f"--folder {folder} holds study 'a'" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == [search.STUDY_FILE]  # nothing of b's written
+
+
 @needs_optuna
 def test_a_database_whose_driver_is_not_installed_names_the_package(fake_recipe, monkeypatch):
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed
@@ -333,7 +352,9 @@ def test_a_storage_that_cannot_be_opened_is_said_at_once(fake_recipe, storage):
 
 
 def search_command(folder, trials: int, recipe=ROOT / "grpo_demo.py") -> list[str]:
-    args = search_args(recipe, folder, trials, "--", "--smoke", "--max_steps", "1", "--report_to", "none")
+    args = search_args(
+        recipe, folder, trials, "--", "--smoke", "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none"
+    )
     return [sys.executable, "-m", "grpo_kit.search", *args]
 
 
