@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it. A model
     # that never writes the format gets a supervised warm start on it first (--warm_start_rows), and GRPO starts there.
     online.configure_wandb(training_args)
-    checks.before_the_weights(train, run, model_args, training_args)  # data, LoRA targets, disk
+    checks.before_the_weights(train, run, model_args, training_args, tokenizer)  # data, positions, LoRA, disk
     model_args.dtype = weights_dtype(model_args, training_args)
     training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)  # one GPU per process
     start = model_args.model_name_or_path

@@ -523,11 +523,17 @@ def warnings(v: dict) -> Iterator[str]:
 
 
 # ---------------------------------------------- Once the data is read, before the weights load -------------------
-def before_the_weights(train, run, model_args, training_args) -> None:
+def before_the_weights(train, run, model_args, training_args, tokenizer=None) -> None:
     """Refuse, before the weights load, a run that could not train what it says it trains."""
     enough_data(train, training_args)
     runs.same_data(train, run, training_args)
-    model_and_disk(model_args, training_args, run.max_prompt_tokens, run.memory_plan)
+
+    def longest_prompt() -> int:
+        return max(len(tokenizer.apply_chat_template(p, add_generation_prompt=True, return_dict=False))
+                   for p in train["prompt"])  # fmt: skip
+
+    longest = longest_prompt if tokenizer is not None else None
+    model_and_disk(model_args, training_args, run.max_prompt_tokens, run.memory_plan, longest)
 
 
 def enough_data(train, training_args) -> None:
@@ -541,9 +547,13 @@ def enough_data(train, training_args) -> None:
         )
 
 
-def model_and_disk(model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True) -> None:
+def model_and_disk(
+    model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True, longest_prompt=None
+) -> None:
     """What the model's config (a few KB, no weights) can tell before the weights load: that LoRA's target modules
-    exist in the model, and that the disk holds a checkpoint. Stops with a message otherwise."""
+    exist in the model, that the longest prompt (`longest_prompt()`, tokens) and its completion fit the model's
+    positions (as the evaluation checks its own), and that the disk holds a checkpoint. Stops with a message
+    otherwise."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -559,6 +569,16 @@ def model_and_disk(model_args, training_args, prompt_tokens: int = 256, plan_mem
     if model_args.use_peft and isinstance(targets, list) and (unknown := [t for t in targets if t not in modules]):
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
         raise RecipeError(f"lora_target_modules: {name} has no {unknown}; its linear layers are {linear}")
+    limit, completion = (
+        getattr(config.get_text_config(), "max_position_embeddings", None),
+        training_args.max_completion_length,
+    )
+    if limit and longest_prompt and prompt_tokens + completion > limit and (n := longest_prompt()) + completion > limit:
+        raise RecipeError(
+            f"{name} has {limit} positions, and the longest prompt ({n} tokens) with --max_completion_length "
+            f"{completion} runs past them, where the model was never trained and its completions mean nothing: "
+            f"--max_completion_length {max(limit - n, 0)} or less (or a shorter --max_prompt_tokens)"
+        )
     if plan_memory:
         memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
     # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.

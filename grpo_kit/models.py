@@ -121,7 +121,54 @@ def load_tokenizer(model_args, training_args):
             "and a user message. Use an instruct model (e.g. Qwen/Qwen2.5-1.5B-Instruct), or give this one a "
             "chat template (chat_template.jinja, or chat_template in its tokenizer_config.json)"
         )
+    usable(tokenizer, name, options)
     return set_pad_token(stop_at_end_of_turn(tokenizer, name, model_args, training_args))
+
+
+SYSTEM_PROBE = "System text 7f3a: answer in the format."  # a system message whose place in the prompt is checked
+
+
+def usable(tokenizer, name: str, options: dict) -> None:
+    """Refuse a tokenizer the recipe cannot prompt with, before anything trains or generates: no vocabulary (a folder
+    with a template but no tokenizer files), a chat template that cannot be rendered or refuses a system message
+    (jinja's error, as training, --eval_only and --ask would each raise it), one that drops the system message (the
+    format instructions would never reach the model), or more tokens than the model has embeddings."""
+    ids = tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]
+    if not ids or set(ids) == {tokenizer.unk_token_id}:  # a vocabulary of special tokens alone: text encodes to nothing
+        raise RecipeError(
+            f"The tokenizer of {name!r} is empty (no tokenizer.json or vocabulary files beside its chat template): "
+            "copy the model's tokenizer files into the folder"
+        )
+    chat = [{"role": "system", "content": SYSTEM_PROBE}, {"role": "user", "content": "What is 2 + 3?"}]
+    try:
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    except Exception as err:  # jinja2's TemplateError, or what a template raises itself (raise_exception)
+        said = str(err).strip().splitlines()[0][:200]
+        fix = (
+            "the recipe's format instructions are its system prompt: give the model a chat template that takes a "
+            "system message (chat_template.jinja in a copy of its folder), or use a model whose template does"
+            if "system" in said.lower()
+            else "fix the template (chat_template.jinja, or chat_template in tokenizer_config.json)"
+        )
+        raise RecipeError(f"The chat template of {name!r} cannot render the recipe's prompt ({said}): {fix}") from None
+    if SYSTEM_PROBE not in str(text):
+        raise RecipeError(
+            f"The chat template of {name!r} drops the system message: the recipe's format instructions (its system "
+            "prompt) would never reach the model. Give it a template that keeps the system message "
+            "(chat_template.jinja in a copy of its folder)"
+        )
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name, **options).get_text_config()
+    except Exception:  # an adapter's folder, say: the base's embeddings are checked when it loads
+        return
+    if (rows := getattr(config, "vocab_size", None)) and len(tokenizer) > rows:
+        raise RecipeError(
+            f"The tokenizer of {name!r} has {len(tokenizer)} tokens and the model embeds {rows}: an id past "
+            f"{rows - 1} would index beyond its embeddings. Use the model's own tokenizer, or resize the model's "
+            "embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer))) and save both"
+        )
 
 
 def flash_attention_problem(computes_in_half_precision: bool) -> str | None:

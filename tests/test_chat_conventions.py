@@ -10,6 +10,7 @@ is `<|end_of_text|>`, and it ships no pad token. An untrained model is made to e
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from types import SimpleNamespace
@@ -17,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import run_recipe
+from transformers import AutoTokenizer
 
 import grpo_demo
-from grpo_kit import demo, evaluation, generation, models, smoke
+from grpo_kit import RecipeError, demo, evaluation, generation, models, smoke
 
 FMT = grpo_demo.ANSWER_FORMAT
 BOS, EOT, END_OF_TEXT, PAD = "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"
@@ -361,3 +363,52 @@ def test_a_base_model_without_a_chat_template_is_named_not_a_traceback(mode, bas
         "system and a user message. Use an instruct model (e.g. Qwen/Qwen2.5-1.5B-Instruct), or give this one a chat "
         "template (chat_template.jinja, or chat_template in its tokenizer_config.json)"
     ) in done.stdout
+
+
+NO_SYSTEM = (  # as Gemma 1 and Mistral's first templates did
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+DROPS_SYSTEM = "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
+FOLDS_SYSTEM = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # into the user's turn, as Gemma 2's does
+
+
+def tokenizer_folder(tiny_dir, tmp_path, template=None, template_only=False, extra_tokens=0):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dir, folder)
+    if template_only:  # what transformers then builds is a tokenizer of a special token or two, and no vocabulary
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).unlink()
+        config = {"tokenizer_class": "Qwen2Tokenizer", "chat_template": config.get("chat_template") or FOLDS_SYSTEM}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    if template is not None or extra_tokens:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.chat_template = template or tokenizer.chat_template
+        tokenizer.add_tokens([f"<extra_{i}>" for i in range(extra_tokens)])
+        tokenizer.save_pretrained(folder)
+        (folder / "chat_template.jinja").write_text(tokenizer.chat_template)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"template": NO_SYSTEM}, "cannot render the recipe's prompt (System role not supported): the recipe's format"),
+        ({"template": "{% if %}"}, "cannot render the recipe's prompt ("),  # not valid jinja
+        ({"template": DROPS_SYSTEM}, "drops the system message"),
+        ({"template_only": True}, "is empty (no tokenizer.json"),  # the template and tokenizer_config.json alone
+        ({"extra_tokens": 40}, "would index beyond its embeddings"),  # added tokens the model has no rows for
+    ],
+)
+def test_a_tokenizer_the_recipe_cannot_prompt_with_is_named_before_anything_runs(tiny_dir, tmp_path, change, said):
+    folder = tokenizer_folder(tiny_dir, tmp_path, **change)
+    args = SimpleNamespace(model_name_or_path=str(folder), model_revision="main")
+    with pytest.raises(RecipeError, match=re.escape(said)):
+        models.load_tokenizer(args, SimpleNamespace(trust_remote_code=False))
+
+
+def test_a_template_that_folds_the_system_message_into_the_users_turn_is_taken(tiny_dir, tmp_path):
+    folder = tokenizer_folder(tiny_dir, tmp_path, template=FOLDS_SYSTEM)
+    args = SimpleNamespace(model_name_or_path=str(folder), model_revision="main")
+    assert models.load_tokenizer(args, SimpleNamespace(trust_remote_code=False)).chat_template == FOLDS_SYSTEM

@@ -1091,3 +1091,15 @@ def test_a_bad_boolean_is_named_in_one_sentence():
     message = refused(["--smoke", "--memory_plan", "maybe"])
     assert message.startswith("Invalid setting: argument --memory_plan/--memory-plan: Truthy value expected: got maybe")
     assert "(case insensitive). python " in message and ".." not in message
+
+
+def test_training_past_the_models_positions_is_refused_before_it_loads(tiny_dir):
+    limit = json.loads((tiny_dir / "config.json").read_text())["max_position_embeddings"]
+    longest = 40  # tokens of the longest prompt
+    _, args, model_args = grpo_demo.parse_settings(
+        ["--model_name_or_path", str(tiny_dir), "--max_completion_length", str(limit - longest + 1)]
+    )
+    with pytest.raises(RecipeError, match=f"has {limit} positions, and the longest prompt \\({longest} tokens\\)"):
+        checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: longest)
+    args.max_completion_length = limit - longest  # the last position: fits
+    checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: longest)
