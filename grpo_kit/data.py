@@ -96,7 +96,37 @@ def splits(run, load):
     test = load("test") if measures and run.eval_split == "test" else None
     reads_train = not run.eval_only or run.eval_split == "validation"
     train, validation = hold_out(load("train") if reads_train else None, run.validation_rows)
-    return train, validation if run.eval_split == "validation" else test
+    measured = validation if run.eval_split == "validation" else test
+    if not run.eval_only:
+        train = never_measured(train, measured, run.eval_split)
+    return train, measured
+
+
+def _text(question: str) -> str:
+    return " ".join(question.split()).casefold()
+
+
+def never_measured(train, measured, split: str):
+    """`train` less the rows whose question (spaces and case aside) is also one of `measured`'s: a model is never
+    measured on a question it trained on (a train file that repeats a test question, or a row of it twice, one copy
+    held out). Said, with how many; refused when nothing is left to train on."""
+    if train is None or measured is None:
+        return train
+    asked = {_text(q) for q in measured["question"]}
+    seen = [i for i, q in enumerate(train["question"]) if _text(q) in asked]
+    if not seen:
+        return train
+    if len(seen) == len(train):
+        raise RecipeError(
+            f"Every train question is also a {split} question: the run would be measured on what it trained on. "
+            "Check --dataset (is its train file a copy of the test file?)"
+        )
+    logger.warning(
+        "%d train rows ask a question the %s split measures (rows %s): not trained on, so that no measured question "
+        "was trained on", len(seen), split, seen[:20],
+    )  # fmt: skip
+    dropped = set(seen)
+    return train.select([i for i in range(len(train)) if i not in dropped])
 
 
 def hold_out(train, n: int):

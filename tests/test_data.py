@@ -318,3 +318,44 @@ def test_every_evaluation_row_over_the_cap_stops_the_run(tmp_path, tiny):
     assert (
         str(stop.value) == "Every test prompt is over 10 tokens: no test question to measure. Raise --max_prompt_tokens"
     )
+
+
+def run_settings(**changed):
+    settings = dict(eval_only=False, final_eval=True, eval_every_steps=0, eval_split="test", validation_rows=0)
+    return SimpleNamespace(**{**settings, **changed})
+
+
+@pytest.mark.parametrize(
+    ("case", "split", "validation_rows", "trained"),
+    [
+        ("test repeated in train", "test", 0, 62),  # two test questions, one with other spaces and case, in train
+        ("train row twice", "validation", 16, None),  # a row's copy held out: its twin not trained on either
+    ],
+)
+def test_no_measured_question_is_trained_on(gsm8k_dir, tmp_path, caplog, case, split, validation_rows, trained):
+    from grpo_kit import data
+
+    rows = [json.loads(line) for line in (gsm8k_dir / "train.jsonl").read_text().splitlines()]
+    tests = [json.loads(line) for line in (gsm8k_dir / "test.jsonl").read_text().splitlines()]
+    if case == "test repeated in train":
+        rows[5] = dict(tests[0])
+        rows[9] = dict(tests[1], question="  " + tests[1]["question"].upper().replace(" ", "  "))
+    else:
+        rows += rows  # every row twice: each held-out row has a twin that must not train
+    folder = write_rows(tmp_path / "gsm8k", rows)
+    write_rows(tmp_path / "gsm8k", tests, split="test")
+
+    def load(which):
+        return grpo_demo.get_gsm8k_questions(which, folder)
+
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        train, measured = data.splits(run_settings(eval_split=split, validation_rows=validation_rows), load)
+    asked = {" ".join(q.split()).casefold() for q in measured["question"]}
+    assert not asked & {" ".join(q.split()).casefold() for q in train["question"]}
+    assert len(train) == (trained if trained is not None else len(rows) - 2 * len(asked))  # both copies out
+    assert "ask a question the" in caplog.text
+
+    write_rows(tmp_path / "copy", tests)  # a train file that is the test file
+    write_rows(tmp_path / "copy", tests, split="test")
+    with pytest.raises(RecipeError, match="Every train question is also a test question"):
+        data.splits(run_settings(), lambda which: grpo_demo.get_gsm8k_questions(which, str(tmp_path / "copy")))
