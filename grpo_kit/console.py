@@ -174,6 +174,9 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
         f"{args.world_size} process{'es' if args.world_size > 1 else ''}), up to {args.max_completion_length} "
         f"tokens each",
         f"  length     {steps} on {rows} prompts; checkpoints every {args.save_steps:g} steps",
+        f"  decoding   rollouts at temperature {args.temperature:g}, top_p {args.top_p:g}, top_k {args.top_k or 0}, "
+        f"min_p {args.min_p or 0:g}, repetition_penalty {args.repetition_penalty:g}; evaluations greedy; the "
+        "model's generation_config.json for its end tokens only",
     ]
     reuse = (getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps) // max(
         args.gradient_accumulation_steps, 1

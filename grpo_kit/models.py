@@ -273,8 +273,50 @@ def prepare_trained_model(trainer) -> None:
     reference_in_bf16(trainer)
     if trainer.args.use_vllm:
         keep_base_exact(trainer.model)
+    decode_by_the_recipes_rules(trainer)
     cast_once_per_generation(trainer)
     one_input_grad_hook(trainer.model)
+
+
+# What TRL's rollouts set themselves, and the tokens a model's generation config rightly names
+DECODING_SET = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
+TOKEN_IDS = {"eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id"}
+
+
+def decode_by_the_recipes_rules(trainer) -> list[str]:
+    """Make TRL's rollouts decode by the recipe's settings alone, as its evaluation does; returns the model's
+    generation settings that are so left out.
+
+    transformers' `generate` fills every value of the GenerationConfig it is handed that is unset (None) from the
+    model's own generation_config.json (generation/utils.py, `_prepare_generation_config`: `update(**self.
+    generation_config.to_dict(), defaults_only=True)`, transformers 5.24), and TRL's leaves all but its sampling
+    settings unset: a model folder's `suppress_tokens`, `no_repeat_ngram_size` or `bad_words_ids` would shape every
+    rollout and no evaluation. During each `generate` the model's config holds its end, pad and bos tokens alone
+    (`generation.own_generation_config`, as the evaluation's)."""
+    from grpo_kit.generation import own_generation_config, pad_id, stop_ids
+
+    model, tokenizer = trainer.model, trainer.processing_class
+    own = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "generation_config", None)
+    left_out = (
+        []
+        if own is None
+        else sorted(
+            k for k in set(own.to_diff_dict()) - DECODING_SET - TOKEN_IDS if not k.startswith(("_", "transformers"))
+        )
+    )
+    if left_out:
+        logger.warning(
+            "The model's generation_config.json sets %s: neither rollouts nor evaluations use them (the recipe's "
+            "decoding settings alone, and its end tokens)", ", ".join(left_out),
+        )  # fmt: skip
+    stops, pad, generate = stop_ids(model, tokenizer), pad_id(tokenizer), model.generate
+
+    def generate_by_the_recipes_rules(*args, **kwargs):
+        with own_generation_config(model, stops, pad):
+            return generate(*args, **kwargs)
+
+    model.generate = generate_by_the_recipes_rules
+    return left_out
 
 
 def keep_base_exact(model) -> int:

@@ -29,7 +29,8 @@ def test_a_run_opens_with_its_model_objective_precision_and_batch_arithmetic():
                            num_generations=16, bf16=True, fp16=False, max_steps=-1, num_train_epochs=1.0,
                            loss_type="dapo", scale_rewards="group", beta=0.0, importance_sampling_level="sequence",
                            learning_rate=5e-6, output_dir="outputs/Qwen-1.5B-GRPO", max_completion_length=786,
-                           save_steps=100)  # fmt: skip
+                           save_steps=100, temperature=0.9, top_p=1.0, top_k=0, min_p=None,
+                           repetition_penalty=1.0)  # fmt: skip
     model = SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct", dtype="float32", use_peft=False)
     lines = console.settings_summary(None, args, model, 7473).splitlines()
     assert lines == [
@@ -39,9 +40,11 @@ def test_a_run_opens_with_its_model_objective_precision_and_batch_arithmetic():
         "  batch      8 prompts x 16 generations = 128 completions per step (16 per device x 4 accumulation x 2 "
         "processes), up to 786 tokens each",
         "  length     1 epoch(s) on 7473 prompts; checkpoints every 100 steps",
+        "  decoding   rollouts at temperature 0.9, top_p 1, top_k 0, min_p 0, repetition_penalty 1; evaluations "
+        "greedy; the model's generation_config.json for its end tokens only",
     ]
     args.steps_per_generation = 4  # TRL's default: gradient_accumulation_steps, one generation batch per step
-    assert len(console.settings_summary(None, args, model, 7473).splitlines()) == 5
+    assert len(console.settings_summary(None, args, model, 7473).splitlines()) == 6
     args.gradient_accumulation_steps, args.steps_per_generation = 1, 16  # the GSPO preset's 16 on the demo's 1
     said = console.settings_summary(None, args, model, 7473).splitlines()
     assert said[4] == "  rollouts   one generation batch serves 16 optimizer steps (steps_per_generation)"

@@ -3,6 +3,7 @@ bit, a memory plan before loading, rollouts cast once, one input-gradient hook, 
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -296,3 +297,28 @@ def test_memory_plan_false_reaches_the_check_before_the_weights(monkeypatch, fla
     v = resolved(flag)
     checks.before_the_weights([], v, v, v)
     assert seen == [planned]
+
+
+def test_rollouts_decode_by_the_recipes_rules_not_the_model_folders_generation_config(tiny_dir, gsm8k_dir, tmp_path):
+    """A generation_config.json that suppresses every digit: transformers' generate would fill TRL's rollout config
+    with it (its unset values come from the model's), so rollouts would hold no digit and evaluations would."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dir, folder)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    digits = [i for token, i in tokenizer.get_vocab().items() if any(c.isdigit() for c in token)]
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "suppress_tokens": digits}))
+    trainer = trainer_for(folder, gsm8k_dir, tmp_path / "run", ["--max_completion_length", "48"])
+    prompt = tokenizer.apply_chat_template(grpo_demo.chat_prompt("What is 12 + 30?"), add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)  # fmt: skip
+    ids = prompt["input_ids"].repeat(16, 1)
+    torch.manual_seed(0)
+    out = trainer.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 generation_config=trainer.generation_config)  # fmt: skip
+    assert set(out[:, ids.shape[1] :].flatten().tolist()) & set(digits)  # digits sampled: the suppression not used
+    assert json.loads((folder / "generation_config.json").read_text())["suppress_tokens"] == digits  # the file kept
+    assert trainer.model.generation_config.suppress_tokens == digits  # and the model's config, once generation ends
