@@ -32,6 +32,16 @@ def go_offline_if_unreachable(values: dict) -> bool:
     return bool(offline)
 
 
+def hub_address() -> tuple[str, int]:
+    """(host, port) of the Hub this process talks to: HF_ENDPOINT's (a mirror's port, http's 80), else the Hub's."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        port = endpoint.port
+    except ValueError:  # a port that is no number: the libraries would fail on it too, the probe says unreachable
+        port = None
+    return endpoint.hostname or "huggingface.co", port or (80 if endpoint.scheme == "http" else 443)
+
+
 def _unreachable(values: dict, pushes: bool) -> bool:
     import huggingface_hub.constants
 
@@ -42,9 +52,8 @@ def _unreachable(values: dict, pushes: bool) -> bool:
         and not pushes
     ):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
-        socket.create_connection((host, 443), timeout=PROBE_SECONDS).close()
+        socket.create_connection(hub_address(), timeout=PROBE_SECONDS).close()
         return False
     except OSError:
         logger.warning(

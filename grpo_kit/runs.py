@@ -132,6 +132,9 @@ def resume_command(argv: list[str] | None = None) -> str:
 
     argv = public(list(sys.argv if argv is None else argv))  # a token stays out of the log: the user gives it again
     script, args, kept = argv[0], argv[1:], []
+    if any(arg.split("=", 1)[0] in ("--eval_only", "--ask") for arg in args):  # no checkpoint: it starts again
+        line = shlex.join(argv)
+        return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
     skip = False
     for arg in args:
         if skip:

@@ -361,3 +361,17 @@ def test_a_run_continued_from_another_folders_checkpoint_names_it_in_its_record(
     record = runs.write_run_record(tmp_path / "new", {}, rows, 0, resumed_from=tmp_path / "old" / "checkpoint-2")
     assert record["continues"] == str(tmp_path / "old" / "checkpoint-2")
     assert "continues" not in runs.write_run_record(tmp_path / "fresh", {}, rows, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "printed"),
+    [
+        (["grpo_demo.py", "--max_steps", "9"], "python grpo_demo.py --max_steps 9 --resume_from_checkpoint latest"),
+        # an evaluation or a question has no checkpoint: the command that starts it again, as it was
+        (["grpo_demo.py", "--eval_only", "--model_name_or_path", "m"], "python grpo_demo.py --eval_only "
+                                                                       "--model_name_or_path m"),
+        (["grpo_demo.py", "--ask=hi", "--smoke"], "python grpo_demo.py --ask=hi --smoke"),
+    ],
+)  # fmt: skip
+def test_the_printed_command_that_goes_on_is_one_the_recipe_takes(argv, printed):
+    assert runs.resume_command(argv) == printed

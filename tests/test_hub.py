@@ -71,3 +71,20 @@ def test_asking_a_local_model_does_not_ask_the_hub(hub_flags_on, monkeypatch, tm
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed the Hub"))
     asked = {"model_name_or_path": str(tmp_path), "dataset": None, "ask": "What is 2 + 2?"}
     assert online.go_offline_if_unreachable(asked) is False  # --ask reads no data set
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "address"),
+    [
+        (None, ("huggingface.co", 443)),
+        ("http://127.0.0.1:8080", ("127.0.0.1", 8080)),  # a mirror on its own port
+        ("http://mirror.local", ("mirror.local", 80)),
+        ("https://hf-mirror.com", ("hf-mirror.com", 443)),
+    ],
+)
+def test_the_hub_probe_asks_the_endpoint_the_user_set(monkeypatch, endpoint, address):
+    if endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    else:
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert online.hub_address() == address
