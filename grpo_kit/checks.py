@@ -371,6 +371,13 @@ def generation(v: dict) -> Iterator[str]:
                 f"vllm_mode={v['vllm_mode']}: 'colocate' (vLLM inside each training process) or 'server' "
                 "(a separate `trl vllm-serve`)"
             )
+        cap, longest = v["vllm_max_model_length"], v["max_prompt_tokens"] + v["max_completion_length"]
+        if cap is not None and runs.trains(v) and cap < longest:  # a server's cap (slurm/grpo.sbatch passes it)
+            yield (
+                f"vllm_max_model_length={cap}: vLLM would refuse a prompt of up to --max_prompt_tokens "
+                f"{v['max_prompt_tokens']} with its --max_completion_length {v['max_completion_length']} completion "
+                f"({longest} tokens): serve and set {longest} or more"
+            )
         if (utilization := v["vllm_gpu_memory_utilization"]) is not None and not 0 < utilization < 1:
             yield (
                 f"vllm_gpu_memory_utilization={utilization}: the share of each GPU vLLM may take, between 0 and 1 "

@@ -363,6 +363,8 @@ def test_each_invalid_setting_has_its_own_message(args, message):
         (["--multi_objective_aggregation", "sum"], ["multi_objective_aggregation", "sum_then_normalize"]),
         (["--use_vllm", "--vllm_importance_sampling_mode", "token"], ["vllm_importance_sampling_mode=token"]),
         (["--min_p", "2"], ["min_p=2.0"]),
+        # a vLLM server's length cap (slurm/grpo.sbatch passes it) below the prompt cap and completion length
+        (["--use_vllm", "--vllm_mode", "server", "--vllm_max_model_length", "64"], ["vllm_max_model_length=64"]),
         # transformers' own check of the trackers, which it makes only when the trainer is built
         (["--report_to", "tensorbord"], ["report_to=tensorbord", "tensorboard", "wandb"]),
         # runs that could not move a weight: said before they start

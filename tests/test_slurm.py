@@ -161,13 +161,16 @@ def per_node(recorded: list[dict]) -> dict[str, list[list[str]]]:
     return nodes
 
 
-def train_command(rank: int, machines: int, processes: int, config: str, model: str, port: str, extra: list[str]):
+def train_command(
+    rank: int, machines: int, processes: int, config: str, model: str, port: str, extra: list[str], length="1042"
+):
     return [
         "accelerate", "launch", "--machine_rank", str(rank),
         "--config_file", config, "--num_machines", str(machines), "--num_processes", str(processes),
         "--main_process_ip", "gpu02", "--main_process_port", "29500",
         "grpo_demo.py", "--model_name_or_path", model, "--use_vllm", "true", "--vllm_mode", "server",
-        "--vllm_server_host", "gpu01", "--vllm_server_port", port, "--resume_from_checkpoint", "latest", *extra,
+        "--vllm_server_host", "gpu01", "--vllm_server_port", port, "--vllm_max_model_length", length,
+        "--resume_from_checkpoint", "latest", *extra,
     ]  # fmt: skip
 
 
@@ -221,7 +224,8 @@ def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
     extra = args[args.index("--") + 1 :]
     expected = {"gpu01": [serve]}
     for rank in range(machines):
-        expected[f"gpu{rank + 2:02d}"] = [train_command(rank, machines, machines * gpus, config, model, port, extra)]
+        command = train_command(rank, machines, machines * gpus, config, model, port, extra, length)
+        expected[f"gpu{rank + 2:02d}"] = [command]
     recorded = calls(env)
     assert per_node(recorded) == expected
 
@@ -466,6 +470,12 @@ def test_a_step_that_fails_after_a_preemptions_sigterm_says_what_is_lost_and_req
         ([], {"NO_VLLM": "yes"}, "NO_VLLM=yes: expected 1 (no vLLM server) or 0"),
         (["--vllm_port"], {}, "--vllm_port needs a value"),
         (["--nodes", "3"], {}, "unknown option --nodes (--help lists them; the recipe's settings go after --)"),
+        (["--log_dir", ""], {}, "--log_dir is empty: name a folder for the logs (logs, by default)"),
+        (
+            ["--model", "A/x", "--", "--model_name_or_path", "B/y"],
+            {},
+            "--model A/x is served and --model_name_or_path B/y (after --) trained: name the model once (--model)",
+        ),
     ],
     ids=[
         "overflow",
@@ -477,6 +487,8 @@ def test_a_step_that_fails_after_a_preemptions_sigterm_says_what_is_lost_and_req
         "no-vllm",
         "no-value",
         "sbatch-option",
+        "log-dir-empty",
+        "two-models",
     ],  # fmt: skip
 )
 def test_a_bad_setting_is_refused_with_a_message_before_anything_runs(tmp_path, stubs, args, env, said):
@@ -485,6 +497,23 @@ def test_a_bad_setting_is_refused_with_a_message_before_anything_runs(tmp_path, 
     assert result.returncode == 1
     assert result.stderr == f"slurm/grpo.sbatch: {said}\n"
     assert [call["name"] for call in calls(env)] == []  # nothing started, not even the node list asked for
+
+
+@pytest.mark.parametrize("restart", ["0", "2"])
+def test_the_recipes_model_is_served_and_a_requeued_run_resumes_from_the_newest_checkpoint(tmp_path, stubs, restart):
+    env = batch_env(tmp_path, stubs, 2, SLURM_RESTART_COUNT=restart)
+    given = ["--model_name_or_path=B/y", "--resume_from_checkpoint", "outputs/run/checkpoint-5", *RECIPE]
+    result = subprocess.run(["bash", str(BATCH), "--", *given], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    launches = per_node(calls(env))
+    assert launches["gpu01"][0][:3] == ["vllm", "serve", "B/y"]  # the model the recipe trains is the one served
+    [launch] = launches["gpu02"]
+    recipe = launch[launch.index("grpo_demo.py") + 1 :]
+    assert recipe[recipe.index("--model_name_or_path") + 1] == "B/y"
+    # the first run resumes where the user said; a requeued one from the newest checkpoint (latest), said so
+    told = [a for i, a in enumerate(recipe[1:], 1) if recipe[i - 1] == "--resume_from_checkpoint"]
+    assert told == (["latest", "outputs/run/checkpoint-5"] if restart == "0" else ["latest"])
+    assert ("--resume_from_checkpoint after -- is left out" in result.stdout) == (restart != "0")
 
 
 def test_max_requeues_0_never_requeues(tmp_path, stubs):
