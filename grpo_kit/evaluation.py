@@ -403,6 +403,7 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
             gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
         )
     summaries, fingerprint = [], questions_fingerprint(rows)
+    same_held_out_rows(path, run, rows, fingerprint)
     for protocol in asked:
         if isinstance(protocol, harness.Harness):
             summaries.append(evaluate_harness(protocol, run, training_args, model_args, trained))
@@ -423,6 +424,24 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
             compare(output_dir, protocol.name)
         summaries.append(summary)
     return summaries
+
+
+def same_held_out_rows(model_path: str, run, rows, fingerprint: str) -> None:
+    """`--eval_split validation` of a model a run trained: the rows held out now must be those its run held out and
+    measured (its eval/ summaries' questions), or a changed train file would have it measured on rows it trained on."""
+    if run.eval_split != "validation" or not Path(model_path).is_dir():
+        return
+    folder = Path(model_path).parent if runs.CHECKPOINT.fullmatch(Path(model_path).name) else Path(model_path)
+    for name in ("baseline", "final"):
+        then = reports.read_summary(folder, name) or {}
+        same_terms = then.get("split") == "validation" and then.get("validation_rows") == run.validation_rows
+        if same_terms and then.get("n") == len(rows) and then.get("questions_sha256") not in (None, fingerprint):
+            raise RecipeError(
+                f"eval_split=validation: the {len(rows)} rows --validation_rows {run.validation_rows} holds out of "
+                f"{run.dataset or 'the train split'} are not those {folder}'s run held out and measured (eval/{name}: "
+                "other questions): its train data changed since, and the model trained on some of these. Measure "
+                "the test split (--eval_split test), or use the train data it was trained on"
+            )
 
 
 def evaluated_as(trained: bool | str) -> str:

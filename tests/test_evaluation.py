@@ -4,6 +4,7 @@ before, during and after training (no second model loaded); `--eval_only` and `-
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -579,3 +580,17 @@ def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluatio
     measured.clear()
     accuracy(every_steps=5, global_step=4)
     assert logged == [] and measured == []
+
+
+def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_path):
+    run = trained_folder(tmp_path, 8)
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
+    settings = SimpleNamespace(eval_split="validation", validation_rows=8, dataset=str(gsm8k_dir))
+    (run / "eval" / "baseline").mkdir(parents=True)
+    summary = {"split": "validation", "validation_rows": 8, "n": 8, "questions_sha256": "0" * 64}
+    (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RecipeError, match="are not those .* run held out and measured"):
+        evaluation.same_held_out_rows(str(run), settings, rows, evaluation.questions_fingerprint(rows))
+    summary["questions_sha256"] = evaluation.questions_fingerprint(rows)  # the same rows: measured
+    (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
+    evaluation.same_held_out_rows(str(run / "checkpoint-4"), settings, rows, summary["questions_sha256"])
