@@ -245,9 +245,14 @@ class AccuracyCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step > 0:
-            if self.before_and_after:
+            if self.before_and_after and reports.read_summary(args.output_dir, "baseline"):
                 logger.info(
                     "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
+                )
+            elif self.before_and_after:  # another folder's checkpoint continued here: its baseline is there
+                logger.info(
+                    "Resumed at step %d from another folder's checkpoint: no baseline here (its run's eval/ holds it)",
+                    state.global_step,
                 )
             return
         records = self.report("baseline", self.start_model) if self.before_and_after else None
