@@ -339,7 +339,7 @@ def weights_dtype(model_args, training_args) -> str:
     0.02 (6e-5), so it rounds away. Measured (benchmarks/bf16_updates.py): pure bf16 weights realise ~1/13 of the
     fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
     master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
-    memory: 16 bytes per parameter before activations, ~25 GB for the 1.5B model (README, "GPU memory").
+    memory: 18 bytes per parameter before activations, ~31 GiB in all for the 1.5B model (docs/memory.md).
     LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32. DeepSpeed
     trains bf16 weights beside fp32 master copies of its own: they load in bf16 (fp32 would only cost host memory).
     """

@@ -28,6 +28,7 @@ RECIPE = dict(batch=16, generation_batch=64, prompt=256, completion=786, lora_r=
 MODES = {
     "full, 1 GPU": dict(mode="full"),
     "full, 8-bit optimizer": dict(mode="full", optim_8bit=True),
+    "full, DDP x 8": dict(mode="full", processes=8),
     "full, ZeRO-2 x 8": dict(mode="full", zero="2", processes=8),
     "full, ZeRO-3 x 8": dict(mode="full", zero="3", processes=8),
     "LoRA": dict(mode="lora"),
@@ -37,17 +38,16 @@ MODES = {
 
 
 def shape(values: tuple) -> dict:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from grpo_kit.models import shapes_only
 
     kind, hidden, layers, heads, kv_heads, intermediate, vocab, tied = values
     config = AutoConfig.for_model(
         kind, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=intermediate, vocab_size=vocab, tie_word_embeddings=tied,
     )  # fmt: skip
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    return checks.model_shape(config, skeleton)
+    return checks.model_shape(config, shapes_only(config))
 
 
 def table() -> str:
@@ -59,8 +59,9 @@ def table() -> str:
         "recipe checks before it loads a model on a GPU: a run whose estimate exceeds its GPU stops in its first",
         "seconds, with the options that fit and their estimates. GiB per process at the recipe's batch (16 completions",
         "per micro-batch, 64 per generation), 256 prompt and 786 completion tokens, LoRA r 16; vLLM colocated with 0.3",
-        "of a 141 GB GPU. Rough by design (within ~20 %); not measured on a GPU. A cell over the GPU's memory is",
-        "refused.",
+        "of a 141 GB GPU; beta 0 (the recipe's: no reference model). Rough by design (within ~20 %); not measured on",
+        "a GPU (benchmarks/gpu_check.py's full-786 sets its torch peak beside the plan). A cell over the GPU's memory",
+        "is refused.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + " --- |" * len(header),

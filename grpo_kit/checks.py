@@ -13,7 +13,7 @@ from pathlib import Path
 
 from grpo_kit import RecipeError, runs
 from grpo_kit.data import split_files
-from grpo_kit.models import GPU_EXTRAS, cuda_available, installed_version, world_size, zero_stage
+from grpo_kit.models import GPU_EXTRAS, cuda_available, installed_version, shapes_only, world_size, zero_stage
 from grpo_kit.smoke import TINY_MODELS
 
 logger = logging.getLogger("grpo_demo")
@@ -562,13 +562,12 @@ def model_and_disk(
     positions (as the evaluation checks its own), and that the disk holds a checkpoint. Stops with a message
     otherwise."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     name, remote = model_args.model_name_or_path, training_args.trust_remote_code
     try:
         config = AutoConfig.from_pretrained(name, revision=model_args.model_revision, trust_remote_code=remote)
-        with torch.device("meta"):  # shapes only: nothing allocated
-            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+        skeleton = shapes_only(config, remote)  # nothing allocated, under ZeRO-3 too
     except (OSError, ValueError) as err:
         raise RecipeError(f"Could not read the model {name!r}'s config ({str(err).splitlines()[0][:200]})") from None
     modules = {module_name.rsplit(".", 1)[-1] for module_name, _ in skeleton.named_modules()}
@@ -619,7 +618,7 @@ def model_shape(config, skeleton) -> dict:
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return dict(
-        parameters=sum(p.numel() for p in skeleton.parameters()),
+        parameters=sum(getattr(p, "ds_numel", None) or p.numel() for p in skeleton.parameters()),  # ZeRO-3's own
         embedding=text.vocab_size * text.hidden_size,
         layers=text.num_hidden_layers,
         hidden=text.hidden_size,
@@ -631,30 +630,42 @@ def model_shape(config, skeleton) -> dict:
     )
 
 
+# TRL 1.16 scores completions with a fused LM head (trl/kernels/chunked_logprob.py, ChunkedLogProbFunction): logits
+# exist only as tiles of TOKEN_CHUNK_SIZE tokens x the chunk of the vocabulary it is handed (grpo_trainer.py passes
+# utils._CHUNKED_LOGPROB_CHUNK_SIZE), one in the forward and one recomputed in the backward, never (batch, length,
+# vocabulary) at once.
+LOGPROB_TILE = (4096, 32768)
+
+
 def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     """Peak GPU memory of one process in bytes, by part, for `plan`: mode ("full", "lora", "qlora"), zero (None,
-    "2", "3") and processes, optim_8bit, lora_r, batch (completions per micro-batch), generation_batch (completions
-    each generate call decodes), prompt and completion (tokens), vllm_share (colocate: the share of the GPU's
-    memory vLLM reserves, 0 without it) and gpu (bytes).
+    "2", "3") and processes, optim_8bit, lora_r, beta (the KL weight: a reference model above 0), batch
+    (completions per micro-batch), generation_batch (completions each generate call decodes), prompt and completion
+    (tokens), vllm_share (colocate: the share of the GPU's memory vLLM reserves, 0 without it) and gpu (bytes).
 
     Rough by design (within ~20 %): what the recipe holds, from the sources. Full fine-tuning without DeepSpeed:
     fp32 weights, fp32 gradients, AdamW's two fp32 moments (2 bytes each in 8 bits), and autocast's bf16 copy of
-    the weights; DeepSpeed ZeRO: bf16 weights (sharded under ZeRO-3), the fp32 master weights, gradients and moments
-    sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32 adapters with their gradients and moments.
-    Generation and training do not overlap: the peak is the larger of the KV cache (bf16) and the training's
-    activations (checkpointed layer inputs, one layer's
-    recompute, the completion logits and their gradient in bf16; TRL's log-softmax runs a row at a time)."""
+    the weights; under DDP (several processes) its gradient buckets, a second fp32 copy of the gradients
+    (torch's DistributedDataParallel, gradient_as_bucket_view off as accelerate leaves it). DeepSpeed ZeRO: bf16
+    weights (sharded under ZeRO-3, and gathered whole while generating: TRL's unwrap_model_for_generation), the fp32
+    master weights, gradients and moments sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32
+    adapters with their gradients and moments. beta > 0: TRL's reference model for the KL term, in bf16
+    (`models.reference_in_bf16`; LoRA's is the base with the adapters off: nothing more). Generation and training do
+    not overlap: the peak is the larger of the KV cache (bf16) and the training's activations (checkpointed layer
+    inputs, one layer's recompute, and the fused LM head's logit tiles: `LOGPROB_TILE`)."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
     mode, zero, n = plan["mode"], plan.get("zero"), max(1, plan.get("processes", 1))
     tokens, completion = plan["prompt"] + plan["completion"], plan["completion"]
     moments = 2 if plan.get("optim_8bit") else 8
     parts: dict[str, float] = {}
+    gathered = 0.0  # ZeRO-3: the weights gathered for generation, beside the KV cache
     if mode == "full":
         if zero:
             parts["weights (bf16)"] = 2 * P / (n if zero == "3" else 1)
             parts["fp32 master weights"] = 4 * P / n
             parts["gradients"] = 4 * P / n
             parts["optimizer"] = moments * P / n
+            gathered = 2 * P - 2 * P / n if zero == "3" else 0.0
         elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
             parts["weights (bf16)"] = 2 * P
             parts["gradients (bf16)"] = 2 * P
@@ -664,6 +675,10 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
             parts["gradients (fp32)"] = 4 * P
             parts["optimizer"] = moments * P
             parts["bf16 cast of the weights (autocast)"] = 2 * P
+        if not zero and n > 1:
+            parts["DDP gradient buckets"] = (2 if plan.get("half_weights") else 4) * P
+        if plan.get("beta"):
+            parts["reference model (bf16, KL)"] = 2 * P / (n if zero == "3" else 1)
         residual = 2 if zero or plan.get("half_weights") else 4
     else:
         per_layer = {
@@ -676,7 +691,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
         body = P - shape["embedding"]
         base = 0.5 * body + 2 * shape["embedding"] * 2 if mode == "qlora" else 2 * P  # 4-bit body, bf16 embeddings
         parts["base weights (4-bit)" if mode == "qlora" else "base weights (bf16)"] = base
-        parts["adapters, gradients, optimizer"] = (4 + 4 + moments) * adapters
+        parts["adapters, gradients, optimizer"] = (4 + 4 + moments + (4 if n > 1 else 0)) * adapters
         if plan.get("vllm_share"):
             parts["base copy during a vLLM sync"] = 2 * body
         residual = 2
@@ -684,10 +699,13 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     batch = plan["batch"]
     activations = batch * tokens * H * residual * L + batch * tokens * (16 * H + 3 * shape["intermediate"]) * 2
-    activations += batch * completion * shape["vocab"] * (2 + 2)  # bf16 logits and their gradient
+    rows, columns = min(batch * completion, LOGPROB_TILE[0]), min(shape["vocab"], LOGPROB_TILE[1])
+    activations += 2 * rows * columns * 2  # the LM head's bf16 logit tiles, forward and backward
     if plan.get("vllm_share"):
         parts["vLLM (its reserved share)"] = plan["vllm_share"] * plan["gpu"]
         parts["training activations"] = activations
+    elif gathered:
+        parts["KV cache and gathered weights, or training activations, the larger"] = max(kv + gathered, activations)
     else:
         parts["KV cache or training activations, the larger"] = max(kv, activations)
     return parts
@@ -704,7 +722,7 @@ def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256)
     colocate = training_args.use_vllm and training_args.vllm_mode == "colocate"
     steps = training_args.steps_per_generation or training_args.gradient_accumulation_steps
     return dict(
-        mode=mode, zero=zero, processes=world_size() if zero else 1, lora_r=model_args.lora_r,
+        mode=mode, zero=zero, processes=world_size(), lora_r=model_args.lora_r, beta=training_args.beta,
         half_weights=model_args.dtype in ("bfloat16", "float16"),
         optim_8bit="8bit" in str(training_args.optim), batch=training_args.per_device_train_batch_size,
         generation_batch=training_args.per_device_train_batch_size * steps,

@@ -9,6 +9,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from grpo_kit.models import zero_stage
+
 logger = logging.getLogger("grpo_demo")
 
 # (logger, start of the message), why above each: informational lines of libraries that read like faults here
@@ -157,6 +159,8 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     prompts = per_step // max(args.num_generations, 1)
     compute = "bf16 autocast" if args.bf16 else "fp16 autocast" if args.fp16 else "fp32"
+    if zero_stage() and (args.bf16 or args.fp16):  # accelerate turns on no autocast: DeepSpeed computes in its dtype
+        compute = f"{'bf16' if args.bf16 else 'fp16'} (DeepSpeed ZeRO-{zero_stage()}'s weights, no autocast)"
     adapter = ""
     if model_args.use_peft:
         adapter = f", LoRA r {model_args.lora_r}" + (" on a 4-bit base" if model_args.load_in_4bit else "")

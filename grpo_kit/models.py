@@ -25,6 +25,27 @@ def zero_stage() -> str | None:
     return os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") if os.environ.get("ACCELERATE_USE_DEEPSPEED") else None
 
 
+def shapes_only(config, trust_remote_code: bool = False):
+    """The model of `config` on the meta device: shapes and parameter counts, nothing allocated.
+
+    Under `accelerate launch` with ZeRO-3 the Trainer's arguments set transformers' DeepSpeed config, and
+    `from_config` then builds inside `deepspeed.zero.Init` (modeling_utils.py, `_from_config`: `needs_zero3_init`,
+    transformers 5.24), whose device overrides meta: every parameter allocated, partitioned across the processes and
+    left as `torch.empty(0)`, so a count reads 0 (and start-up pays a full-model broadcast). The config is hidden
+    from transformers for the duration (integrations/deepspeed.py, `_hf_deepspeed_config_weak_ref`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import deepspeed
+
+    kept = deepspeed._hf_deepspeed_config_weak_ref
+    deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    finally:
+        deepspeed._hf_deepspeed_config_weak_ref = kept
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -295,20 +316,18 @@ def decode_by_the_recipes_rules(trainer) -> list[str]:
     (`generation.own_generation_config`, as the evaluation's)."""
     from grpo_kit.generation import own_generation_config, pad_id, stop_ids
 
-    model, tokenizer = trainer.model, trainer.processing_class
+    model = trainer.model
     own = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "generation_config", None)
-    left_out = (
-        []
-        if own is None
-        else sorted(
-            k for k in set(own.to_diff_dict()) - DECODING_SET - TOKEN_IDS if not k.startswith(("_", "transformers"))
-        )
-    )
+    if own is None:  # no generation config to fill TRL's with
+        return []
+    ignored = set(own.to_diff_dict()) - DECODING_SET - TOKEN_IDS
+    left_out = sorted(k for k in ignored if not k.startswith(("_", "transformers")))
     if left_out:
         logger.warning(
             "The model's generation_config.json sets %s: neither rollouts nor evaluations use them (the recipe's "
             "decoding settings alone, and its end tokens)", ", ".join(left_out),
         )  # fmt: skip
+    tokenizer = trainer.processing_class
     stops, pad, generate = stop_ids(model, tokenizer), pad_id(tokenizer), model.generate
 
     def generate_by_the_recipes_rules(*args, **kwargs):

@@ -502,11 +502,9 @@ def checkpoint_settings(checkpoint: str | Path) -> dict:
     if decays := [g["weight_decay"] for g in groups if "weight_decay" in g]:
         found["weight_decay"] = max(decays)
     if isinstance(batch := (read_json(folder / "trainer_state.json") or {}).get("train_batch_size"), int):
-        import torch
-
-        # The trainer's batch per process: per device x the GPUs one process drives (all of them without a launcher)
-        gpus = 1 if world_size() > 1 or not torch.cuda.is_available() else max(1, torch.cuda.device_count())
-        found["per_device_train_batch_size"] = batch // gpus
+        # The trainer's batch per process: per device x the GPUs it counts, which is one in every run of the recipe
+        # (models.one_gpu sets the Trainer's count to 1 where a lone process sees several)
+        found["per_device_train_batch_size"] = batch
     return found
 
 

@@ -154,3 +154,16 @@ def test_lm_evals_warnings_of_the_trainers_own_model_are_filtered_and_its_trunca
     finally:
         hf_log.removeHandler(kept)
     assert kept.said == ["Left truncation applied. Original sequence length was 483, truncating to last 256 tokens."]
+
+
+def test_under_deepspeed_the_summary_says_no_autocast_runs(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    args = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=4, world_size=8,
+                           num_generations=16, bf16=True, fp16=False, max_steps=10, num_train_epochs=1.0,
+                           loss_type="dapo", scale_rewards="group", beta=0.0, importance_sampling_level="token",
+                           learning_rate=5e-6, output_dir="o", max_completion_length=786, save_steps=100,
+                           temperature=0.9, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0)  # fmt: skip
+    model = SimpleNamespace(model_name_or_path="m", dtype="bfloat16", use_peft=False)
+    precision = console.settings_summary(None, args, model, 100).splitlines()[2]
+    assert precision == "  precision  weights bfloat16, compute bf16 (DeepSpeed ZeRO-3's weights, no autocast)"

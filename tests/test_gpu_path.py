@@ -158,9 +158,9 @@ def test_an_8b_full_fine_tune_on_one_141_gb_gpu_is_refused_with_what_fits(fake_c
     with pytest.raises(RecipeError) as refused:
         checks.memory_fits(config, model, v, v)
     said = str(refused.value)
-    assert "8.03 B parameters" in said and "would need ~152 GiB" in said and "the GPU has 131 GiB" in said
+    assert "8.03 B parameters" in said and "would need ~147 GiB" in said and "the GPU has 131 GiB" in said
     options = ["LoRA (--use_peft): ~", "QLoRA (--use_peft --load_in_4bit): ~", "ZeRO-2 over 8 GPUs", "ZeRO-3 over 8"]
-    for option in [*options, "an 8-bit optimizer (--optim paged_adamw_8bit): ~107 GiB"]:
+    for option in [*options, "an 8-bit optimizer (--optim paged_adamw_8bit): ~102 GiB"]:
         assert option in said, option
     assert "shorter completions" not in said  # 786 tokens or 393: the weights, gradients and moments alone overflow
 
@@ -171,7 +171,7 @@ def test_the_recipes_1_5b_full_fine_tune_fits(fake_cuda, monkeypatch, caplog):
     config, model = skeleton("qwen2", **QWEN_1_5B)
     with caplog.at_level("INFO", logger="grpo_demo"):
         checks.memory_fits(config, model, v, v)
-    assert "Memory plan: ~37 GiB of the GPU's 131 GiB" in caplog.text
+    assert "Memory plan: ~31 GiB of the GPU's 131 GiB" in caplog.text
 
 
 def test_the_plan_is_checked_before_the_weights_load(fake_cuda, monkeypatch, tmp_path):
@@ -179,7 +179,7 @@ def test_the_plan_is_checked_before_the_weights_load(fake_cuda, monkeypatch, tmp
     config, _ = skeleton("qwen2", **QWEN_1_5B)
     config.save_pretrained(tmp_path / "model")
     v = resolved(["--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(tmp_path / "out")])
-    with pytest.raises(RecipeError, match="would need ~37 GiB.*LoRA \\(--use_peft\\): ~13 GiB.*--memory_plan false"):
+    with pytest.raises(RecipeError, match="would need ~31 GiB.*LoRA \\(--use_peft\\): ~6.6 GiB.*--memory_plan false"):
         checks.model_and_disk(v, v)
     checks.model_and_disk(v, v, plan_memory=False)  # the user's word against the estimate: nothing refused
     run = resolved(["--memory_plan", "false"])
@@ -293,7 +293,7 @@ def test_memory_plan_false_reaches_the_check_before_the_weights(monkeypatch, fla
     seen = []
     monkeypatch.setattr(checks, "enough_data", lambda *a: None)
     monkeypatch.setattr(checks.runs, "same_data", lambda *a: None)
-    monkeypatch.setattr(checks, "model_and_disk", lambda m, t, tokens, plan: seen.append(plan))
+    monkeypatch.setattr(checks, "model_and_disk", lambda m, t, tokens, plan, *longest: seen.append(plan))
     v = resolved(flag)
     checks.before_the_weights([], v, v, v)
     assert seen == [planned]
@@ -322,3 +322,65 @@ def test_rollouts_decode_by_the_recipes_rules_not_the_model_folders_generation_c
     assert set(out[:, ids.shape[1] :].flatten().tolist()) & set(digits)  # digits sampled: the suppression not used
     assert json.loads((folder / "generation_config.json").read_text())["suppress_tokens"] == digits  # the file kept
     assert trainer.model.generation_config.suppress_tokens == digits  # and the model's config, once generation ends
+
+
+def test_the_plan_counts_the_parameters_under_zero3(monkeypatch):
+    """Under ZeRO-3 the Trainer's arguments set transformers' DeepSpeed config, and `from_config` then builds inside
+    `deepspeed.zero.Init`, which allocates, partitions and empties every parameter (a count of 0). A stand-in of
+    that path, from transformers 5.24's `_from_config`: the config set, and a `deepspeed.zero.Init` that fails if
+    entered. The skeleton is built without it, every parameter counted."""
+    import importlib.machinery
+    import sys
+    import types
+    import weakref
+
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    class Zero3Config:
+        config = {"zero_optimization": {"stage": 3}}
+
+        def is_zero3(self):
+            return True
+
+    class Init:
+        def __init__(self, *args, **kwargs):
+            pytest.fail("the skeleton was built inside deepspeed.zero.Init")
+
+    config, _ = skeleton("qwen2", **QWEN_1_5B)  # the libraries imported before the stand-in goes in
+    stand_in = types.ModuleType("deepspeed")
+    stand_in.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)
+    stand_in.zero = types.SimpleNamespace(Init=Init)
+    held = Zero3Config()
+    monkeypatch.setitem(sys.modules, "deepspeed", stand_in)
+    monkeypatch.setattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref", weakref.ref(held))
+    assert hf_deepspeed.is_deepspeed_zero3_enabled()  # as under accelerate launch --config_file configs/zero3.yaml
+    counted = checks.model_shape(config, models.shapes_only(config))["parameters"]
+    assert round(counted / 1e9, 2) == 1.54
+    assert hf_deepspeed.is_deepspeed_zero3_enabled()  # the config is back for the trainer
+
+
+@pytest.mark.parametrize(
+    ("change", "part", "gib"),
+    [
+        # DDP: a second fp32 copy of the gradients in its buckets, per process
+        ({"processes": 8}, "DDP gradient buckets", 5.7),
+        # beta > 0: TRL's reference model for the KL term, in bf16 (sharded under ZeRO-3)
+        ({"beta": 0.04}, "reference model (bf16, KL)", 2.9),
+        ({"beta": 0.04, "zero": "3", "processes": 8}, "reference model (bf16, KL)", 0.36),
+    ],
+)
+def test_the_estimate_holds_what_trl_allocates(change, part, gib):
+    config, model = skeleton("qwen2", **QWEN_1_5B)
+    shape = checks.model_shape(config, model)
+    plan = dict(mode="full", batch=16, generation_batch=64, prompt=256, completion=786, gpu=141e9)
+    parts = checks.memory_estimate(shape, {**plan, **change})
+    assert round(parts[part] / 2**30, 2) == pytest.approx(gib, abs=0.05)
+    # TRL 1.16's fused LM head holds logit tiles of 4,096 tokens x 32,768 ids (forward, and backward), never a
+    # completion's logits whole (16 x 786 x 151,936 in bf16: 3.6 GiB)
+    training = {**plan, "generation_batch": 1}  # the training's activations are the larger part
+    logits = sum(checks.memory_estimate(shape, training).values()) - sum(
+        checks.memory_estimate({**shape, "vocab": 1}, training).values()
+    )
+    assert logits == 2 * 4096 * 32768 * 2 - 2 * 4096 * 1 * 2
+    under_zero3 = checks.memory_estimate(shape, {**plan, "zero": "3", "processes": 8})  # gathered to generate
+    assert "KV cache and gathered weights, or training activations, the larger" in under_zero3

@@ -1105,3 +1105,13 @@ def test_training_past_the_models_positions_is_refused_before_it_loads(tiny_dir)
         checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: longest)
     args.max_completion_length = limit - longest  # the last position: fits
     checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: longest)
+
+
+def test_a_copied_checkpoints_batch_is_its_own_on_a_box_of_many_gpus(tmp_path, monkeypatch):
+    """The recipe's Trainer counts one GPU per process (models.one_gpu), so a checkpoint's train_batch_size is the
+    per-device batch it trained with, however many GPUs the box has."""
+    checkpoint = fake_checkpoint(tmp_path / "run" / "checkpoint-2", step=2)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "train_batch_size": 16}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert runs.checkpoint_settings(checkpoint)["per_device_train_batch_size"] == 16
