@@ -279,7 +279,7 @@ def recipe_command(variant: Variant, folder: Path, assets_dir: Path, shape: dict
     on a GPU) in `folder`/generation.yaml."""
     assets = json.loads((assets_dir / "assets.json").read_text(encoding="utf-8"))
     config = {"generation_kwargs": generation_kwargs(variant, shape["completion"], assets)}
-    if variant.generation == "vllm":  # vLLM sizes its cache for the longest prompt and completion, not 32k
+    if variant.generation == "vllm":  # the longest sequence vLLM takes: the prompt and completion, not 32k
         config["vllm_max_model_length"] = assets["max_prompt_tokens"] + shape["completion"]
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's: seconds faster for the GPU's long list
     (folder / "generation.yaml").write_text(yaml.dump(config, Dumper=dumper, default_flow_style=None, width=120))

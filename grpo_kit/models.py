@@ -346,8 +346,8 @@ def keep_base_exact(model) -> int:
     unmerging (`VLLMGeneration._iter_named_params`), in place: in bf16, (w + BA) - BA is not w, and every sync adds
     that rounding to the "frozen" base (a CPU simulation of 500 syncs changed a third or more of the base weights,
     by about the size of the LoRA update itself). Here merging first copies each base weight, and unmerging puts the
-    copy back: vLLM still gets w + BA, the base never changes. The copies live only during a sync (the targeted
-    weights once more: ~2.6 GB in bf16 for the 1.5B model)."""
+    copy back: vLLM still gets w + BA (rounded to bf16: README, "LoRA"), the base never changes. The copies live
+    only during a sync (the targeted weights once more: ~2.6 GB in bf16 for the 1.5B model)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     if not hasattr(model, "merge_adapter"):

@@ -116,6 +116,34 @@ def test_lora_base_is_bit_exact_after_many_vllm_syncs_and_vllm_gets_the_merged_w
     torch.testing.assert_close(handed[q].float(), merged, atol=1e-2, rtol=0)  # w + BA, in bf16
 
 
+@pytest.mark.parametrize(("delta", "kept"), [(1e-5, 0.23), (3e-5, 0.60), (1e-4, 0.98)])
+def test_vllm_gets_the_lora_update_rounded_to_bf16_as_the_readme_states(delta, kept):
+    """The gap README.md ("LoRA and vLLM") and configs/qwen_lora_vllm.yaml state: PEFT merges the adapter into the
+    bf16 base in place (peft/tuners/lora/layer.py, `base_layer.weight.data += delta_weight`) and vLLM is handed the
+    rounded sum. Base weights ~N(0, 0.025) as Qwen's; an update of std `delta`: the share of it vLLM sees."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False)).to(torch.bfloat16)
+    torch.nn.init.normal_(base[0].weight, std=0.025)
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=64, target_modules=["0"]))
+    layer = model.base_model.model[0]
+    layer.lora_A["default"].float(), layer.lora_B["default"].float()  # fp32 adapters, as the recipe trains them
+    with torch.no_grad():
+        layer.lora_B["default"].weight.copy_(torch.randn_like(layer.lora_B["default"].weight))
+        intended = layer.get_delta_weight("default").float()
+        scale = delta / intended.std()
+        layer.lora_B["default"].weight.mul_(scale.to(layer.lora_B["default"].weight.dtype))
+        intended = layer.get_delta_weight("default").float()
+    before = layer.get_base_layer().weight.detach().float().clone()
+    models.keep_base_exact(model)
+    model.merge_adapter()  # what TRL does before it reads the weights for vLLM
+    seen = layer.get_base_layer().weight.detach().float() - before
+    model.unmerge_adapter()
+    assert float((seen * intended).sum() / (intended * intended).sum()) == pytest.approx(kept, abs=0.04)
+    assert torch.equal(layer.get_base_layer().weight.detach().float(), before)  # the base restored
+
+
 def test_the_lora_vllm_preset_is_guarded():
     import yaml
 
