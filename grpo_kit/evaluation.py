@@ -245,7 +245,7 @@ class AccuracyCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step > 0:
-            if self.before_and_after and reports.read_summary(args.output_dir, "baseline"):
+            if self.before_and_after and reports.read_summary(self.trainer.args.output_dir, "baseline"):
                 logger.info(
                     "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
                 )

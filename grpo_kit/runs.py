@@ -132,9 +132,7 @@ def resume_command(argv: list[str] | None = None) -> str:
 
     argv = public(list(sys.argv if argv is None else argv))  # a token stays out of the log: the user gives it again
     script, args, kept = argv[0], argv[1:], []
-    if any(arg.split("=", 1)[0] in ("--eval_only", "--ask") for arg in args):  # no checkpoint: it starts again
-        line = shlex.join(argv)
-        return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
+    again = any(arg.split("=", 1)[0] in ("--eval_only", "--ask") for arg in args)  # no checkpoint: it starts again
     skip = False
     for arg in args:
         if skip:
@@ -143,7 +141,7 @@ def resume_command(argv: list[str] | None = None) -> str:
             skip = True
         elif not arg.startswith(("--resume_from_checkpoint=", "--resume-from-checkpoint=")):
             kept.append(arg)
-    line = shlex.join([script, *kept, "--resume_from_checkpoint", "latest"])
+    line = shlex.join([script, *kept] if again else [script, *kept, "--resume_from_checkpoint", "latest"])
     return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
 
 
