@@ -34,7 +34,7 @@ BNB_OPTIMIZERS = {
 # only with --use_vllm.
 TRL_CHOICES = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
-    "scale_rewards": ("group", "batch", "none", True, False),  # GRPOConfig turns true/false into group/none
+    "scale_rewards": ("group", "batch", "none"),  # true / false: settings.resolve makes them group / none
     "importance_sampling_level": ("token", "sequence"),
     "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
 }
@@ -124,7 +124,7 @@ def trl_values(v: dict) -> Iterator[str]:
 
     given = [v["report_to"]] if isinstance(v["report_to"], str) else list(v["report_to"] or [])
     try:
-        get_reporting_integration_callbacks([name for name in given if name != "none"])
+        get_reporting_integration_callbacks([name for name in given if name not in ("none", "all")])
     except ValueError as err:
         yield f"report_to={' '.join(given)}: {str(err).rstrip('.')} (or none)"
 
@@ -133,7 +133,8 @@ def changes_the_weights(v: dict) -> Iterator[str]:
     """A run that trains but could not move a weight: its only step at learning rate 0 (warmup starts at 0),
     rewards weighted by nothing (every advantage 0) or by a NaN or infinity, LoRA adapters scaled by 0."""
     warmup, schedule = v["warmup_steps"] or 0, str(v["lr_scheduler_type"])
-    if runs.trains(v) and v["max_steps"] == 1 and warmup > 0 and schedule.split(".")[-1].lower() != "constant":
+    no_warmup = ("constant", "reduce_lr_on_plateau")  # transformers' schedules that take no warmup
+    if runs.trains(v) and v["max_steps"] == 1 and warmup > 0 and schedule.split(".")[-1].lower() not in no_warmup:
         yield (
             f"max_steps=1 with warmup_steps={warmup:g}: warmup starts at learning rate 0, so the one step would "
             "move no weight: add --warmup_steps 0"
@@ -285,7 +286,9 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
         # a checkpoint of another folder continued here: only into a folder that holds no run of its own
         source = Path(resume).expanduser().resolve().parent
         held = [p.name for p in (*found[-1:], path / runs.RECORD_NAME, path / "model.safetensors") if p.exists()]
-        if source != path.resolve() and (held or a_model):
+        continued = (runs.read_run_record(path) or {}).get("continues")  # this run, stopped before its first save
+        again = not found and continued and Path(continued).resolve() == Path(resume).expanduser().resolve()
+        if source != path.resolve() and (held or a_model) and not again:
             yield (
                 f"output_dir={output_dir} holds another run ({', '.join(held) or 'a model'}), which resuming "
                 f"{resume} there would write over: resume it in its own folder (--output_dir {source}), or continue "
@@ -370,13 +373,6 @@ def generation(v: dict) -> Iterator[str]:
             yield (
                 f"vllm_mode={v['vllm_mode']}: 'colocate' (vLLM inside each training process) or 'server' "
                 "(a separate `trl vllm-serve`)"
-            )
-        cap, longest = v["vllm_max_model_length"], v["max_prompt_tokens"] + v["max_completion_length"]
-        if cap is not None and runs.trains(v) and cap < longest:  # a server's cap (slurm/grpo.sbatch passes it)
-            yield (
-                f"vllm_max_model_length={cap}: vLLM would refuse a prompt of up to --max_prompt_tokens "
-                f"{v['max_prompt_tokens']} with its --max_completion_length {v['max_completion_length']} completion "
-                f"({longest} tokens): serve and set {longest} or more"
             )
         if (utilization := v["vllm_gpu_memory_utilization"]) is not None and not 0 < utilization < 1:
             yield (
@@ -585,6 +581,13 @@ def model_and_disk(
             f"{completion} runs past them, where the model was never trained and its completions mean nothing: "
             f"--max_completion_length {max(limit - n, 0)} or less (or a shorter --max_prompt_tokens)"
         )
+    cap = training_args.vllm_max_model_length if training_args.use_vllm else None  # a server's (slurm/grpo.sbatch)
+    if cap and longest_prompt and prompt_tokens + completion > cap and (n := longest_prompt()) + completion > cap:
+        raise RecipeError(
+            f"vllm_max_model_length={cap}: vLLM would refuse the longest prompt ({n} tokens) with its "
+            f"--max_completion_length {completion} completion: serve and set {n + completion} or more, or "
+            f"--max_completion_length {max(cap - n, 0)} or less"
+        )
     if plan_memory:
         memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
     # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.
@@ -641,7 +644,9 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     """Peak GPU memory of one process in bytes, by part, for `plan`: mode ("full", "lora", "qlora"), zero (None,
     "2", "3") and processes, optim_8bit, lora_r, beta (the KL weight: a reference model above 0), batch
     (completions per micro-batch), generation_batch (completions each generate call decodes), prompt and completion
-    (tokens), vllm_share (colocate: the share of the GPU's memory vLLM reserves, 0 without it) and gpu (bytes).
+    (tokens), vllm_share (colocate: the share of the GPU's memory vLLM reserves, 0 without it), server (a vLLM
+    server generates: no KV cache here, nothing gathered), gather (ZeRO-3: TRL's ds3_gather_for_generation) and gpu
+    (bytes).
 
     Rough by design (within ~20 %): what the recipe holds, from the sources. Full fine-tuning without DeepSpeed:
     fp32 weights, fp32 gradients, AdamW's two fp32 moments (2 bytes each in 8 bits), and autocast's bf16 copy of
@@ -665,7 +670,8 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
             parts["fp32 master weights"] = 4 * P / n
             parts["gradients"] = 4 * P / n
             parts["optimizer"] = moments * P / n
-            gathered = 2 * P - 2 * P / n if zero == "3" else 0.0
+            local = not (plan.get("server") or plan.get("vllm_share"))  # transformers generates here
+            gathered = 2 * P - 2 * P / n if zero == "3" and local and plan.get("gather", True) else 0.0
         elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
             parts["weights (bf16)"] = 2 * P
             parts["gradients (bf16)"] = 2 * P
@@ -697,6 +703,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
         residual = 2
     kv_bytes = 2 + 2  # bf16 keys and values (models.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
+    kv = 0 if plan.get("server") else kv  # a vLLM server generates elsewhere
     batch = plan["batch"]
     activations = batch * tokens * H * residual * L + batch * tokens * (16 * H + 3 * shape["intermediate"]) * 2
     rows, columns = min(batch * completion, LOGPROB_TILE[0]), min(shape["vocab"], LOGPROB_TILE[1])
@@ -728,6 +735,8 @@ def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256)
         generation_batch=training_args.per_device_train_batch_size * steps,
         prompt=prompt_tokens, completion=training_args.max_completion_length,
         vllm_share=(training_args.vllm_gpu_memory_utilization or 0.3) if colocate else 0.0, gpu=gpu,
+        server=training_args.use_vllm and training_args.vllm_mode == "server",
+        gather=getattr(training_args, "ds3_gather_for_generation", True),
     )  # fmt: skip
 
 

@@ -91,15 +91,25 @@ VALIDATION_SEED = 1234  # one draw whatever the training seed: runs and a search
 def splits(run, load):
     """(train rows, the rows accuracy is measured on): what a run reads (`load`, the recipe's `get_gsm8k_questions`),
     decided here alone. Train is read to train, or to hold out `--validation_rows` (measured
-    with `--eval_split validation`, so that tuning never reads the test split); test only where it is measured."""
+    with `--eval_split validation`, so that tuning never reads the test split); test where it is measured, and to keep
+    its questions out of training."""
     measures = run.eval_only or run.final_eval or run.eval_every_steps > 0
     test = load("test") if measures and run.eval_split == "test" else None
     reads_train = not run.eval_only or run.eval_split == "validation"
     train, validation = hold_out(load("train") if reads_train else None, run.validation_rows)
     measured = validation if run.eval_split == "validation" else test
-    if not run.eval_only:
-        train = never_measured(train, measured, run.eval_split)
+    if not run.eval_only:  # the same train rows whatever this run measures: never the test split's or held-out ones
+        train = never_measured(train, validation, "validation")
+        train = never_measured(train, test if test is not None else readable(load, "test"), "test")
     return train, measured
+
+
+def readable(load, split: str):
+    """`split`'s rows, or None where the data has none (a --dataset folder without test.jsonl)."""
+    try:
+        return load(split)
+    except RecipeError:
+        return None
 
 
 def _text(question: str) -> str:

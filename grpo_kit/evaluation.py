@@ -437,6 +437,11 @@ def same_held_out_rows(model_path: str, run, rows, fingerprint: str) -> None:
     if run.eval_split != "validation" or not Path(model_path).is_dir():
         return
     folder = Path(model_path).parent if runs.CHECKPOINT.fullmatch(Path(model_path).name) else Path(model_path)
+    trained_on = ((runs.read_run_record(folder) or {}).get("settings") or {}).get("run", {}).get("dataset")
+    if trained_on != run.dataset and not (
+        trained_on and run.dataset and Path(trained_on).resolve() == Path(run.dataset).resolve()
+    ):
+        return  # another data set than its run's: its held-out rows say nothing of these
     for name in ("baseline", "final"):
         then = reports.read_summary(folder, name) or {}
         same_terms = then.get("split") == "validation" and then.get("validation_rows") == run.validation_rows

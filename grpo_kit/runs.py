@@ -55,13 +55,13 @@ RUN_FILES = re.compile(
     rf"|checkpoint-(0|[1-9][0-9]*)/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
     r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
     r"|completions/completions_[0-9]{5,}\.parquet|\.?warm-start(\.part)?/[^/]+"
-    rf"|eval/comparison{PROTOCOL}?\.json|eval/\.?(baseline|final){PROTOCOL}?(-[0-9]+)?(\.part)?/"
+    rf"|eval/comparison{PROTOCOL}?\.json|eval/\.?(baseline|final|checkpoint-[0-9]+){PROTOCOL}?(-[0-9]+)?(\.part)?/"
     r"(summary\.json|completions\.jsonl|lm_eval_task\.yaml|lm_eval_results\.json|lm_eval_samples\.jsonl)"
     r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
 )
 RUN_FOLDERS = re.compile(
     r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|\.?warm-start(\.part)?"
-    rf"|eval(/\.?(baseline|final){PROTOCOL}?(-[0-9]+)?(\.part)?)?|wandb(/(offline-)?run-[0-9]{{8}}_[0-9]{{6}}-\w+(/.+)?)?"
+    rf"|eval(/\.?(baseline|final|checkpoint-[0-9]+){PROTOCOL}?(-[0-9]+)?(\.part)?)?|wandb(/(offline-)?run-[0-9]{{8}}_[0-9]{{6}}-\w+(/.+)?)?"
 )
 # no model or user file looks so (the warm start's folder and the one it is built in: a run stopped during the warm
 # start has written nothing else yet)
@@ -124,6 +124,20 @@ def public(argv: list[str]) -> list[str]:
     return shown
 
 
+def starts_again(args: list[str]) -> bool:
+    """Whether a command line is an evaluation or a question (`--eval_only`, `--eval-only true`, `--ask=...`): no
+    checkpoint, so it goes on by starting again. (One a --config file makes so is not seen here.)"""
+    found = False
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        name = name.replace("-", "_")
+        if name in ("__eval_only", "__ask"):
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+            found = name == "__ask" or value.lower() not in ("false", "0", "no")
+    return found
+
+
 def resume_command(argv: list[str] | None = None) -> str:
     """The command that continues this run, to print as it stops: this process's own command line (preset, --config
     and every setting it changed), its --resume_from_checkpoint replaced by `latest`; under a launcher, that launcher's
@@ -132,7 +146,7 @@ def resume_command(argv: list[str] | None = None) -> str:
 
     argv = public(list(sys.argv if argv is None else argv))  # a token stays out of the log: the user gives it again
     script, args, kept = argv[0], argv[1:], []
-    again = any(arg.split("=", 1)[0] in ("--eval_only", "--ask") for arg in args)  # no checkpoint: it starts again
+    again = starts_again(args)
     skip = False
     for arg in args:
         if skip:
@@ -413,6 +427,11 @@ def resume(values: dict) -> str | None:
         for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
             logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
         model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == MODEL_ONLY_PARTS]
+        continued = (read_run_record(output_dir) or {}).get("continues")
+        if path is None and continued and trains(values):  # a run continued from another folder, stopped before it
+            path = continued  # saved a checkpoint of its own: from the one it continues, again
+            logger.info("--resume_from_checkpoint %s: no checkpoint in %s yet: from %s, which it continues", asked,
+                        output_dir, continued)  # fmt: skip
         if path is None and model_only and trains(values):  # a retry on a stop under --save_only_model
             raise RecipeError(
                 f"--resume_from_checkpoint {asked}: {model_only[-1]} holds the model alone (--save_only_model true "

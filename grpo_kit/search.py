@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from grpo_kit import RecipeError, settings
-from grpo_kit.runs import alive, read_json, started_at
+from grpo_kit.runs import alive, public, read_json, started_at
 
 OPTUNA_PIN = "optuna==5.0.0"
 WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learning_rate, temperature
@@ -80,12 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # the recipe takes none) is refused now, not by every trial
     unknown: list[str] = []
     try:
-        given = settings.given_on_command_line(settings.read_config(recipe_args, apply_env=False)[0], unknown)
+        rest, in_file, config = settings.read_config(recipe_args, apply_env=False)
+        given = settings.given_on_command_line(rest, unknown)
+        unknown += [
+            f"{key} (in {config})" for key in settings.yaml_arguments(settings._parser(config), in_file, config)[2]
+        ]
     except RecipeError as err:  # a value of the wrong type: said with the recipe's --help, not the search's
         message = str(err).split(". python ")[0].removeprefix("Invalid setting: ").rstrip(".")
         parser.error(f"the recipe settings after --: {message}; python {args.recipe} --help lists them")
     if unknown:
-        parser.error(f"the recipe settings after --: unknown {unknown}; python {args.recipe} --help lists them")
+        parser.error(f"the recipe settings after --: unknown {public(unknown)}; python {args.recipe} --help lists them")
     for name in SEARCH_OWN:
         if name in given:
             parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")

@@ -387,9 +387,11 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
             f"accelerate launch --config_file {config} {Path(sys.argv[0]).name} {rest}".rstrip()
         )
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))
-    if found := [f"{place}: {names}" for place, names in where if names]:
+    if found := [f"{place}: {runs.public(names)}" for place, names in where if names]:
         raise RecipeError(f"Unknown settings {'; '.join(found)} (python {Path(sys.argv[0]).name} --help lists them)")
     values = {key: value for key, value in vars(namespace).items() if key != "config"}
+    if (scale := str(values.get("scale_rewards")).lower()) in ("true", "false"):  # TRL's booleans, read as text here
+        values["scale_rewards"] = "group" if scale == "true" else "none"
     values.update(presets.keyed(preset, values))  # its assets' folders, of the tags and seed they are built on
     asks = values["ask"] is not None or values["eval_only"]
     if asks and "model_name_or_path" not in chosen and (trained := presets.trained_model(preset, values)):
@@ -404,10 +406,11 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     model_dir = Path(values["model_name_or_path"]).expanduser()
     own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
-        # an evaluation lands beside the model it measured; a checkpoint's in its run's folder (eval/checkpoint-N),
-        # not inside the checkpoint, which the run's rotation deletes
+        # an evaluation lands beside the model it measured; a run's checkpoint's in the run's folder
+        # (eval/checkpoint-N), not inside the checkpoint, which the run's rotation deletes
         checkpoint = runs.CHECKPOINT.fullmatch(model_dir.name) and (model_dir / "trainer_state.json").is_file()
-        values["output_dir"] = str(model_dir.parent if checkpoint else model_dir)
+        in_a_run = checkpoint and (model_dir.parent / runs.RECORD_NAME).is_file()
+        values["output_dir"] = str(model_dir.parent if in_a_run else model_dir)
     if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):
         raise RecipeError("Invalid settings:", found)
     for warning in checks.warnings(values):
@@ -439,6 +442,11 @@ def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
     values = resolve(argv, recipe_defaults, reward_funcs)  # first: a config's env: is set before trl is imported
     run, training_args, model_args = built(values)
+    if training_args.hub_token:  # huggingface_hub reads HF_TOKEN: pushes work, and the Trainer's pickled arguments
+        os.environ.setdefault("HF_TOKEN", training_args.hub_token)  # (training_args.bin in every checkpoint)
+        training_args.hub_token = None  # hold no token
+    if argv is None:  # what wandb records as the run's arguments, and every command printed from here on
+        sys.argv[:] = runs.public(sys.argv)
     if isinstance(model_args.lora_target_modules, str) and model_args.lora_target_modules != "all-linear":
         # ModelConfig turns a list of one into a string, which PEFT reads as a pattern of whole module paths.
         model_args.lora_target_modules = [model_args.lora_target_modules]

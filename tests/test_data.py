@@ -354,6 +354,9 @@ def test_no_measured_question_is_trained_on(gsm8k_dir, tmp_path, caplog, case, s
     assert not asked & {" ".join(q.split()).casefold() for q in train["question"]}
     assert len(train) == (trained if trained is not None else len(rows) - 2 * len(asked))  # both copies out
     assert "ask a question the" in caplog.text
+    # the same train rows whatever the run measures (a resume with --final_eval false trains on the same data)
+    quiet = data.splits(run_settings(eval_split="test", final_eval=False, validation_rows=validation_rows), load)[0]
+    assert quiet["question"] == train["question"]
 
     write_rows(tmp_path / "copy", tests)  # a train file that is the test file
     write_rows(tmp_path / "copy", tests, split="test")

@@ -589,8 +589,12 @@ def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_p
     (run / "eval" / "baseline").mkdir(parents=True)
     summary = {"split": "validation", "validation_rows": 8, "n": 8, "questions_sha256": "0" * 64}
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
+    record = {"settings": {"run": {"validation_rows": 8, "dataset": str(gsm8k_dir)}}}
+    (run / "run_record.json").write_text(json.dumps(record))
     with pytest.raises(RecipeError, match="are not those .* run held out and measured"):
         evaluation.same_held_out_rows(str(run), settings, rows, evaluation.questions_fingerprint(rows))
+    other = SimpleNamespace(eval_split="validation", validation_rows=8, dataset=str(tmp_path))  # another data set
+    evaluation.same_held_out_rows(str(run), other, rows, evaluation.questions_fingerprint(rows))
     summary["questions_sha256"] = evaluation.questions_fingerprint(rows)  # the same rows: measured
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
     evaluation.same_held_out_rows(str(run / "checkpoint-4"), settings, rows, summary["questions_sha256"])

@@ -117,6 +117,7 @@ def a_smoke_runs_folder(folder):
         "checkpoint-2/model.safetensors", "checkpoint-2/optimizer.pt", "checkpoint-2/rng_state.pth",
         "checkpoint-2/trainer_state.json", "completions/completions_00001.parquet", "eval/baseline/summary.json",
         "eval/final/completions.jsonl", "eval/comparison.json", f"{wandb_run}/run-d4dykqdh.wandb",
+        "eval/checkpoint-2/summary.json", "eval/checkpoint-2-gsm8k/lm_eval_results.json",  # --eval_only of a checkpoint
         f"{wandb_run}/files/media/table/completions_12_61ab9d893a727069f872.table.json", f"{wandb_run}/logs/debug.log",
     ]  # fmt: skip
     for name in written:
@@ -371,6 +372,9 @@ def test_a_run_continued_from_another_folders_checkpoint_names_it_in_its_record(
         (["grpo_demo.py", "--eval_only", "--model_name_or_path", "m"], "python grpo_demo.py --eval_only "
                                                                        "--model_name_or_path m"),
         (["grpo_demo.py", "--ask=hi", "--smoke"], "python grpo_demo.py --ask=hi --smoke"),
+        (["grpo_demo.py", "--eval-only", "--smoke"], "python grpo_demo.py --eval-only --smoke"),
+        (["grpo_demo.py", "--eval_only", "false"],
+         "python grpo_demo.py --eval_only false --resume_from_checkpoint latest"),
     ],
 )  # fmt: skip
 def test_the_printed_command_that_goes_on_is_one_the_recipe_takes(argv, printed):

@@ -412,3 +412,7 @@ def test_the_estimate_holds_what_trl_allocates(change, part, gib):
     assert logits == 2 * 4096 * 32768 * 2 - 2 * 4096 * 1 * 2
     under_zero3 = checks.memory_estimate(shape, {**plan, "zero": "3", "processes": 8})  # gathered to generate
     assert "KV cache and gathered weights, or training activations, the larger" in under_zero3
+    for apart in ({"server": True}, {"gather": False}):  # a vLLM server generates; TRL told not to gather
+        assert "KV cache or training activations, the larger" in checks.memory_estimate(
+            shape, {**plan, "zero": "3", "processes": 8, **apart}
+        )

@@ -469,3 +469,11 @@ def test_two_workers_complete_distinct_trials_of_one_sqlite_study(tmp_path):
     assert len({t.user_attrs["output_dir"] for t in complete}) == len(complete)  # a folder each
     assert all((folder / f"trial-{t.number:04d}" / "eval" / "final" / "summary.json").is_file() for t in complete)
     assert sum(bool(t.user_attrs.get("default_weights")) for t in load(folder).trials) == 1  # made once
+
+
+def test_an_unknown_setting_in_a_config_file_after_the_separator_is_refused_before_any_trial(fake_recipe, capsys):
+    (fake_recipe.parent / "typo.yaml").write_text("learnin_rate: 1.0e-6\n")
+    with pytest.raises(SystemExit) as stop:
+        search.parse_args(["--trials", "3", "--recipe", str(fake_recipe), "--", "--demo", "--config", "typo.yaml"])
+    assert stop.value.code == 2
+    assert "unknown ['learnin_rate (in typo.yaml)']" in capsys.readouterr().err

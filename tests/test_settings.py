@@ -363,8 +363,6 @@ def test_each_invalid_setting_has_its_own_message(args, message):
         (["--multi_objective_aggregation", "sum"], ["multi_objective_aggregation", "sum_then_normalize"]),
         (["--use_vllm", "--vllm_importance_sampling_mode", "token"], ["vllm_importance_sampling_mode=token"]),
         (["--min_p", "2"], ["min_p=2.0"]),
-        # a vLLM server's length cap (slurm/grpo.sbatch passes it) below the prompt cap and completion length
-        (["--use_vllm", "--vllm_mode", "server", "--vllm_max_model_length", "64"], ["vllm_max_model_length=64"]),
         # transformers' own check of the trackers, which it makes only when the trainer is built
         (["--report_to", "tensorbord"], ["report_to=tensorbord", "tensorboard", "wandb"]),
         # runs that could not move a weight: said before they start
@@ -391,10 +389,26 @@ def test_what_the_libraries_would_refuse_late_or_never_is_refused_before_loading
         ["--reward_weights", "0", "0", "0", "0", "1"],  # one reward is enough
         ["--report_to", "none"],
         ["--vllm_importance_sampling_mode", "token"],  # read only with --use_vllm
+        ["--report_to", "all"],  # transformers' own word for every installed tracker
+        ["--scale_rewards", "false"],  # TRL's boolean: none
+        ["--max_steps", "1", "--warmup_steps", "0.1", "--lr_scheduler_type", "reduce_lr_on_plateau"],  # no warmup
     ],
 )
 def test_their_neighbours_that_do_train_are_taken(args):
-    resolved(["--smoke", *args])
+    chosen = resolved(["--smoke", *args])
+    assert chosen.scale_rewards in ("group", "none")  # TRL's booleans as the names it reads
+
+
+def test_a_vllm_servers_length_cap_is_checked_against_the_longest_prompt(tiny_dir):
+    _, args, model_args = grpo_demo.parse_settings(
+        ["--model_name_or_path", str(tiny_dir), "--max_completion_length", "100"]
+    )
+    args.use_vllm, args.vllm_max_model_length = True, 140  # as slurm/grpo.sbatch passes a server's cap
+    with pytest.raises(
+        RecipeError, match="vllm_max_model_length=140: vLLM would refuse the longest prompt \\(41 tokens"
+    ):
+        checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: 41)
+    checks.model_and_disk(model_args, args, prompt_tokens=256, longest_prompt=lambda: 40)  # 40 + 100 fits 140
 
 
 @pytest.mark.parametrize(
@@ -465,7 +479,12 @@ def test_eval_only_writes_beside_the_model_it_evaluates(tmp_path):
     # the checkpoint's name
     checkpoint = fake_checkpoint(tmp_path / "run" / "checkpoint-2", step=2)
     (checkpoint / "config.json").write_text("{}")
+    (tmp_path / "run" / "run_record.json").write_text("{}")
     assert resolved(["--eval_only", "--model_name_or_path", str(checkpoint)]).output_dir == str(tmp_path / "run")
+    copied = fake_checkpoint(tmp_path / "Downloads" / "checkpoint-500", step=500)  # a checkpoint copied on its own
+    (copied / "config.json").write_text("{}")
+    (tmp_path / "Downloads" / "notes.txt").write_text("mine")
+    assert resolved(["--eval_only", "--model_name_or_path", str(copied)]).output_dir == str(copied)
     assert [evaluation.evaluated_as(t) for t in ("checkpoint-2", True, False)] == ["checkpoint-2", "final", "baseline"]
 
 
@@ -768,6 +787,20 @@ def test_resuming_another_folders_checkpoint_never_writes_over_the_run_in_the_ou
     # into an empty folder, or its own, it goes on
     for folder in (tmp_path / "empty", tmp_path / "old"):
         assert resolved(["--output_dir", str(folder), "--resume_from_checkpoint", str(old)]).resume_from_checkpoint
+
+
+def test_a_run_continued_into_a_new_folder_and_stopped_before_its_first_save_goes_on_from_the_same_checkpoint(tmp_path):
+    old = fake_checkpoint(tmp_path / "old" / "checkpoint-2", step=2)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "run_record.json").write_text(json.dumps({"continues": str(old)}))  # written at its start
+    again = resolved(["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(old)])
+    assert again.resume_from_checkpoint == str(old)  # the same command: not refused as another run's folder
+    latest = resolved(["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", "latest"])
+    assert latest.resume_from_checkpoint == str(old)  # the printed command (and a requeue): not a fresh start
+    other = fake_checkpoint(tmp_path / "other" / "checkpoint-3", step=3)
+    assert "holds another run" in refused(
+        ["--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(other)]
+    )
 
 
 def test_a_folder_with_checkpoints_is_never_overwritten_silently(tmp_path):
@@ -1115,3 +1148,15 @@ def test_a_copied_checkpoints_batch_is_its_own_on_a_box_of_many_gpus(tmp_path, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert runs.checkpoint_settings(checkpoint)["per_device_train_batch_size"] == 16
+
+
+def test_a_hub_token_given_on_the_command_line_reaches_no_file(monkeypatch, tmp_path):
+    token = "hf_" + "x" * 30
+    monkeypatch.setenv("HF_TOKEN", "placeholder")
+    monkeypatch.delenv("HF_TOKEN")  # restored to what it was at the end
+    monkeypatch.setattr(sys, "argv", ["grpo_demo.py", "--hub_token", token, "--output_dir", str(tmp_path / "o")])
+    _, args, _ = grpo_demo.parse_settings()
+    assert args.hub_token is None  # the Trainer pickles its arguments into training_args.bin
+    assert os.environ["HF_TOKEN"] == token  # where huggingface_hub reads it for a push
+    assert token not in " ".join(sys.argv)  # what wandb records, and every printed command
+    assert token not in refused(["--hub_tokn", token])  # a misspelt name's value, in the message

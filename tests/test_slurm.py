@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, resolved
 
 from grpo_kit import checks
@@ -642,3 +643,26 @@ def test_the_training_exit_status_survives_a_signal_that_lands_as_the_training_e
         batch.send_signal(signal.SIGUSR1)
         stdout, stderr = batch.communicate(timeout=60)
         assert batch.returncode == 1, (attempt, stdout, stderr)
+
+
+def test_vllm_serves_the_model_a_config_file_names_and_a_requeue_with_checkpoints_resolves(tmp_path, stubs):
+    """The length cap and the model are read from the settings the training gets: a --config file's model is the
+    one served, and a requeued run's folder, which holds checkpoints, is resumed (not refused as another run's)."""
+    from safetensors.torch import save_file
+
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    save_file({"w": torch.zeros(2)}, checkpoint / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, checkpoint / name)
+    config = tmp_path / "llama.yaml"
+    config.write_text("model_name_or_path: meta-llama/Llama-3.2-1B-Instruct\nmax_completion_length: 300\n")
+    env = batch_env(tmp_path, stubs, 2, SLURM_RESTART_COUNT="1")
+    del env["VLLM_MAX_MODEL_LEN"]  # read from the recipe's settings
+    args = ["--", "--config", str(config), "--output_dir", str(tmp_path / "out"), *RECIPE]
+    result = subprocess.run(["bash", str(BATCH), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    serve = per_node(calls(env))["gpu01"][0]
+    assert serve[:3] == ["vllm", "serve", "meta-llama/Llama-3.2-1B-Instruct"]
+    assert serve[serve.index("--max-model-len") + 1] == str(256 + 300)
