@@ -131,6 +131,15 @@ def change_cell(metric: str, test: dict) -> str:
     return f"{test['mean_change']:+.3f} ({test['up']} up, {test['down']} down), p = {test['p_value']:.2g}"
 
 
+def verdict(change: dict) -> str:
+    """What a paired change in accuracy says, in words that do not claim more than its test."""
+    if change["p_value"] < 0.05:
+        return "it rose" if change["gained"] > change["lost"] else "it fell"
+    if change["gained"] == change["lost"]:
+        return "unchanged"
+    return f"no significant change either way (a difference of {change['gained'] - change['lost']:+d} questions)"
+
+
 def markdown(report: dict) -> str:
     points, tests = report["points"], report["paired"]
     lines = ["| metric | " + " | ".join(POINTS) + " |", "| --- |" + " --- |" * len(POINTS)]
@@ -190,7 +199,8 @@ Time on two cores (OMP_NUM_THREADS={report["threads"] or "unset"}, bf16 autocast
 {warm["reward"]["value"]:.2f} to {grpo["reward"]["value"]:.2f} (p = {gain["reward"]["p_value"]:.2g}): completions
 that looped until the limit ({warm["truncated"]} of {report["questions"]}) learned to close their answer block
 ({grpo["truncated"]} after). Strict accuracy went from {rate(warm, "accuracy_strict")} to
-{rate(grpo, "accuracy_strict")} (p = {gain["accuracy_strict"]["p_value"]:.2g}): it did not fall.
+{rate(grpo, "accuracy_strict")} ({gain["accuracy_strict"]["gained"]} gained, {gain["accuracy_strict"]["lost"]}
+lost, p = {gain["accuracy_strict"]["p_value"]:.2g}): {verdict(gain["accuracy_strict"])}.
 
 **What a 135 M model can and cannot reach.** It learns the form: in a few minutes of supervised steps and half an hour
 of GRPO on two cores, most of its answers are in the format the rewards read. It does not learn the arithmetic:
