@@ -28,7 +28,7 @@ SHARED = pytest.mark.xdist_group("real_model_whole")  # the tests that read the 
 
 # GRPO in miniature: a warm start of 16 solutions (2 steps), then 3 steps of 2 prompts x 2 completions of 48 tokens.
 TRAIN = [
-    "--warm_start_rows", "16", "--warm_start_learning_rate", "2e-4",
+    "--warm_start_rows", "16", "--warm_start_learning_rate", "1e-4",  # 2 steps at 2e-4 collapse it to one repeated tag
     "--num_generations", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
     "--max_completion_length", "48", "--max_steps", "3", "--save_steps", "1", "--learning_rate", "1e-5",
     "--eval_limit", "4", "--eval_every_steps", "0", "--activation_checkpointing", "false", "--report_to", "none",
@@ -274,7 +274,16 @@ def test_think_tags_from_the_prompt_to_the_rewards(real_model_dir, real_gsm8k_di
     """`--reasoning_tag think`: the system prompt, the warm start's solutions, the rewards of the real completions
     and the evaluation's format verdicts all read <think>...</think>."""
     think = Tags("think", "answer")
-    args = [*data_args(real_model_dir, real_gsm8k_dir), *TRAIN, "--reasoning_tag", "think", "--max_steps", "1"]
+    args = [
+        *data_args(real_model_dir, real_gsm8k_dir),
+        *TRAIN,
+        "--reasoning_tag",
+        "think",
+        "--max_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+    ]
     done = run_recipe([*args, "--output_dir", "outputs/think"], tmp_path)
     assert done.returncode == 0, done.stdout[-4000:]
     out = tmp_path / "outputs" / "think"

@@ -463,6 +463,7 @@ def test_a_closed_terminal_saves_the_step_in_progress_and_exits_75(tmp_path):
         stdin=subprocess.DEVNULL,
         stdout=screen,
         stderr=screen,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),  # as a terminal's, even if pytest runs nohup
     )
     os.close(screen)
     said = b""

@@ -169,7 +169,8 @@ def train_command(
         "accelerate", "launch", "--machine_rank", str(rank),
         "--config_file", config, "--num_machines", str(machines), "--num_processes", str(processes),
         "--main_process_ip", "gpu02", "--main_process_port", "29500",
-        "grpo_demo.py", "--model_name_or_path", model, "--use_vllm", "true", "--vllm_mode", "server",
+        "grpo_demo.py", *(["--model_name_or_path", model] if model else []),
+        "--use_vllm", "true", "--vllm_mode", "server",
         "--vllm_server_host", "gpu01", "--vllm_server_port", port, "--vllm_max_model_length", length,
         "--resume_from_checkpoint", "latest", *extra,
     ]  # fmt: skip
@@ -225,7 +226,8 @@ def test_the_first_node_serves_vllm_and_the_others_train_with_their_ranks(
     extra = args[args.index("--") + 1 :]
     expected = {"gpu01": [serve]}
     for rank in range(machines):
-        command = train_command(rank, machines, machines * gpus, config, model, port, extra, length)
+        named = model if "--model" in args else None  # unnamed: the recipe's own (served as it resolves it)
+        command = train_command(rank, machines, machines * gpus, config, named, port, extra, length)
         expected[f"gpu{rank + 2:02d}"] = [command]
     recorded = calls(env)
     assert per_node(recorded) == expected

@@ -227,7 +227,7 @@ def test_the_server_path_serves_from_the_first_node_sized_from_the_recipe_and_wa
     served = [json.loads(line) for line in (tmp_path / "vllm.jsonl").read_text().splitlines()]
     assert [call["node"] for call in served] == ["n1"]
     args = served[0]["args"]
-    assert args[:2] == ["serve", "Qwen/Qwen2.5-1.5B-Instruct"]
+    assert args[:2] == ["serve", "outputs/smoke-assets/tiny-qwen2"]  # the model the recipe trains: --smoke's
     sizes = {name: args[args.index(name) + 1] for name in ("--data-parallel-size", "--tensor-parallel-size",
                                                            "--max-model-len")}  # fmt: skip
     assert sizes == {"--data-parallel-size": "1", "--tensor-parallel-size": "1", "--max-model-len": str(256 + 48)}

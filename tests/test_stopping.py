@@ -23,11 +23,13 @@ from grpo_kit import evaluation, stopping
 
 @pytest.fixture(autouse=True)
 def ctrl_c_as_from_a_terminal():
-    """Ctrl-C handled as in a terminal: a shell's background job (CI may be one) starts with SIGINT ignored, and an
-    ignored signal stays ignored (tested below)."""
+    """Ctrl-C and a hangup handled as in a terminal: a shell's background job (CI may be one) starts with SIGINT
+    ignored, one under nohup with SIGHUP ignored, and an ignored signal stays ignored (tested below)."""
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGHUP, hangup)
 
 
 def fake_trainer(state: TrainerState, save_only_model: bool = False):
