@@ -571,22 +571,25 @@ def model_and_disk(
     if model_args.use_peft and isinstance(targets, list) and (unknown := [t for t in targets if t not in modules]):
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
         raise RecipeError(f"lora_target_modules: {name} has no {unknown}; its linear layers are {linear}")
-    limit, completion = (
-        getattr(config.get_text_config(), "max_position_embeddings", None),
-        training_args.max_completion_length,
-    )
-    if limit and longest_prompt and prompt_tokens + completion > limit and (n := longest_prompt()) + completion > limit:
+    completion, longest = training_args.max_completion_length, None
+    limits = {
+        "positions": getattr(config.get_text_config(), "max_position_embeddings", None),
+        "vllm": training_args.vllm_max_model_length if training_args.use_vllm else None,  # a server's (sbatch)
+    }
+    for which, cap in limits.items():
+        if not (cap and longest_prompt and prompt_tokens + completion > cap):  # the prompt cap fits: no counting
+            continue
+        if (longest := longest or longest_prompt()) + completion <= cap:
+            continue
+        shorter = f"--max_completion_length {max(cap - longest, 0)} or less"
         raise RecipeError(
-            f"{name} has {limit} positions, and the longest prompt ({n} tokens) with --max_completion_length "
+            f"{name} has {cap} positions, and the longest prompt ({longest} tokens) with --max_completion_length "
             f"{completion} runs past them, where the model was never trained and its completions mean nothing: "
-            f"--max_completion_length {max(limit - n, 0)} or less (or a shorter --max_prompt_tokens)"
-        )
-    cap = training_args.vllm_max_model_length if training_args.use_vllm else None  # a server's (slurm/grpo.sbatch)
-    if cap and longest_prompt and prompt_tokens + completion > cap and (n := longest_prompt()) + completion > cap:
-        raise RecipeError(
-            f"vllm_max_model_length={cap}: vLLM would refuse the longest prompt ({n} tokens) with its "
-            f"--max_completion_length {completion} completion: serve and set {n + completion} or more, or "
-            f"--max_completion_length {max(cap - n, 0)} or less"
+            f"{shorter} (or a shorter --max_prompt_tokens)"
+            if which == "positions"
+            else f"vllm_max_model_length={cap}: vLLM would refuse the longest prompt ({longest} tokens) with its "
+            f"--max_completion_length {completion} completion: serve and set {longest + completion} or more, or "
+            f"{shorter}"
         )
     if plan_memory:
         memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
