@@ -462,7 +462,7 @@ def held_out(v: dict) -> Iterator[str]:
     folder, n = Path(v["model_name_or_path"]).expanduser(), v["validation_rows"]
     if not (v["eval_only"] and v["eval_split"] == "validation" and folder.is_dir()):
         return
-    run_dir = folder.parent if runs.CHECKPOINT.fullmatch(folder.name) else folder
+    run_dir = runs.run_folder(folder)
     trained = ((runs.read_run_record(run_dir) or {}).get("settings") or {}).get("run", {}).get("validation_rows")
     if trained is None and (run_dir / "trainer_state.json").is_file():
         logger.warning(

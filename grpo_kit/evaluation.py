@@ -436,7 +436,7 @@ def same_held_out_rows(model_path: str, run, rows, fingerprint: str) -> None:
     measured (its eval/ summaries' questions), or a changed train file would have it measured on rows it trained on."""
     if run.eval_split != "validation" or not Path(model_path).is_dir():
         return
-    folder = Path(model_path).parent if runs.CHECKPOINT.fullmatch(Path(model_path).name) else Path(model_path)
+    folder = runs.run_folder(model_path)
     trained_on = ((runs.read_run_record(folder) or {}).get("settings") or {}).get("run", {}).get("dataset")
     if trained_on != run.dataset and not (
         trained_on and run.dataset and Path(trained_on).resolve() == Path(run.dataset).resolve()

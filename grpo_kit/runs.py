@@ -295,6 +295,12 @@ def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, st
 
 
 # ---------------------------------------------- Checkpoints -----------------------------------------------------------
+def run_folder(model_dir: str | Path) -> Path:
+    """The run folder a model folder belongs to: the run's own for a `checkpoint-N`, else the folder itself."""
+    folder = Path(model_dir).expanduser()
+    return folder.parent if CHECKPOINT.fullmatch(folder.name) else folder
+
+
 def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
     found = [p for p in Path(output_dir).glob("checkpoint-*") if CHECKPOINT.fullmatch(p.name) and p.is_dir()]

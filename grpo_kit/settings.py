@@ -408,9 +408,11 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
         # an evaluation lands beside the model it measured; a run's checkpoint's in the run's folder
         # (eval/checkpoint-N), not inside the checkpoint, which the run's rotation deletes
-        checkpoint = runs.CHECKPOINT.fullmatch(model_dir.name) and (model_dir / "trainer_state.json").is_file()
-        in_a_run = checkpoint and (model_dir.parent / runs.RECORD_NAME).is_file()
-        values["output_dir"] = str(model_dir.parent if in_a_run else model_dir)
+        run = runs.run_folder(model_dir)
+        in_a_run = (
+            run != model_dir and (model_dir / "trainer_state.json").is_file() and (run / runs.RECORD_NAME).is_file()
+        )
+        values["output_dir"] = str(run if in_a_run else model_dir)
     if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):
         raise RecipeError("Invalid settings:", found)
     for warning in checks.warnings(values):
