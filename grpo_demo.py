@@ -289,6 +289,15 @@ REWARD_FUNCS = [
     int_reward_func,
     correctness_reward_func,
 ]
+# What each reward pays at most, and whether it pays for the right answer ("correct") or for the form ("format"): the
+# health checks and the console's "correct" share read these. A reward left out here trains, unwatched.
+REWARD_ROLES = {
+    "xmlcount_reward_func": ("format", 0.5),
+    "soft_format_reward_func": ("format", 0.5),
+    "strict_format_reward_func": ("format", 0.5),
+    "int_reward_func": ("format", 0.5),
+    "correctness_reward_func": ("correct", 2.0),
+}
 
 
 def reward_funcs(tags: Tags = TAGS) -> list:
@@ -363,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
     from grpo_kit import checks, console, data, evaluation, health, models, online, plots, presets, runs, stopping
+    from grpo_kit.patches import prepare_trained_model
     from grpo_kit.warm_start import warm_started
 
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
@@ -402,10 +412,10 @@ def main(argv: list[str] | None = None) -> None:
         peft_config=get_peft_config(model_args),  # None unless --use_peft
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
-    models.prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
+    prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
     accuracy = evaluation.callback(trainer, measured, run, fmt)  # before, during and after training
     trainer.add_callback(accuracy)
-    watcher = health.watch(trainer, run.health_checks_off, rewards, fmt, accuracy.measured)  # said as they happen
+    watcher = health.watch(trainer, run.health_checks_off, REWARD_ROLES, accuracy.measured)  # said as they happen
     console.install(trainer, watcher.watcher.correct, run.show_completions)  # one bar, a line per logged step
     runs.start(trainer, {"run": run, "training": training_args, "model": model_args}, train)
     if trainer.accelerator.is_main_process:

@@ -99,7 +99,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere: grpo_demo and grpo_kit are at the repo root
 RECIPE = ROOT / "grpo_demo.py"
 
-from grpo_kit.runs import read_json  # noqa: E402
+from grpo_kit.layout import read_json  # noqa: E402
 
 # Qwen/Qwen2.5-1.5B-Instruct's config.json, the values that set the cost of a step.
 QWEN25_1_5B = dict(

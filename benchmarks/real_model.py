@@ -34,7 +34,7 @@ import grpo_demo  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import smollm2  # noqa: E402
 
-from grpo_kit.runs import read_json  # noqa: E402
+from grpo_kit.layout import read_json  # noqa: E402
 from grpo_kit.scoring import paired, wilson  # noqa: E402
 
 CONFIG = "configs/small_model_cpu.yaml"  # the settings the README gives for a small model on a CPU

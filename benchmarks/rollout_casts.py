@@ -1,6 +1,6 @@
 """Per decoded token, the cost of a rollout with fp32 weights under bf16 mixed precision: accelerate's per-forward
 autocast (each forward's exit clears torch's cast cache, so every token re-casts every weight) against the recipe's
-one autocast around the whole `generate` (grpo_kit.models.cast_once_per_generation: each weight cast once). Side by
+one autocast around the whole `generate` (grpo_kit.patches.cast_once_per_generation: each weight cast once). Side by
 side in one run, on this machine's CPU (bf16 autocast runs there); a ratio, not a GPU figure.
 
     OMP_NUM_THREADS=1 python benchmarks/rollout_casts.py [--hidden 1024 --layers 8 --tokens 32 --repeats 3]

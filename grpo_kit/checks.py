@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpo_kit import RecipeError, runs
+from grpo_kit import RecipeError, layout, runs
 from grpo_kit.data import split_files
 from grpo_kit.models import GPU_EXTRAS, cuda_available, installed_version, shapes_only, world_size, zero_stage
 from grpo_kit.smoke import TINY_MODELS
@@ -235,7 +235,7 @@ def local_paths(v: dict, own: dict) -> Iterator[str]:
     elif looks_local and model not in own.get("model_name_or_path", ()) and not folder.is_dir():
         yield f"model_name_or_path={model}: no such folder (a local model folder or a Hub id)"
     elif folder.is_dir() and not any((folder / name).is_file() for name in ("config.json", "adapter_config.json")):
-        found = runs.checkpoint_folders(folder)
+        found = layout.checkpoints(folder)
         hint = f": its newest checkpoint is {found[-1]}" if found else " (a saved model or adapter folder)"
         yield f"model_name_or_path={model}: no model in it, no config.json or adapter_config.json{hint}"
     elif folder.is_dir() and (cut := [p.name for p in sorted(folder.glob("*.safetensors")) if not runs.whole(p)]):
@@ -243,7 +243,7 @@ def local_paths(v: dict, own: dict) -> Iterator[str]:
     if resume and resume not in runs.RESUME_LATEST and not Path(resume).is_dir():
         yield f"resume_from_checkpoint={resume}: no such folder (a checkpoint-N folder, or 'latest')"
     elif resume and resume not in runs.RESUME_LATEST and (missing := runs.missing_parts(resume)):
-        found = [p for p in runs.checkpoint_folders(Path(resume).parent) if not runs.missing_parts(p)]
+        found = [p for p in layout.checkpoints(Path(resume).parent) if not runs.missing_parts(p)]
         other = f"; the newest complete one is {found[-1]}" if found else ""
         yield f"resume_from_checkpoint={resume}: incomplete, without {', '.join(missing)}{other}"
 
@@ -266,16 +266,16 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
         yield f"output_dir={output_dir}: {existing} cannot be written to: choose another --output_dir"
     elif training_in and path.resolve() == Path(v["model_name_or_path"]).expanduser().resolve():
         yield f"output_dir={output_dir} is the start model's folder: training would overwrite it; choose another"
-    elif (training_in or (evaluating_in and not a_model)) and not (path / "run_record.json").is_file():
+    elif (training_in or (evaluating_in and not a_model)) and not layout.path(path, layout.RECORD).is_file():
         # Without a run record, only what a run alone makes (checkpoints, evaluations): not a model, not notes.
-        others = sorted(p.name for p in path.iterdir() if not any(p.match(x) for x in runs.RUN_ONLY_ENTRIES))
+        others = sorted(p.name for p in path.iterdir() if not any(p.match(x) for x in layout.RUN_ONLY_ENTRIES))
         whose, why = ("a run's", "which a run would write over") if training_in else ("a run's or a model's", "")
         if others:
             yield (
                 f"output_dir={output_dir} holds files that are not {whose} ({', '.join(others[:5])}"
                 f"{', ...' if len(others) > 5 else ''}){why and ', ' + why}: choose another --output_dir"
             )
-    found = runs.checkpoint_folders(output_dir)  # incomplete ones too: they belong to a run as well
+    found = layout.checkpoints(output_dir)  # incomplete ones too: they belong to a run as well
     resume, ours = v["resume_from_checkpoint"], output_dir in own.get("output_dir", ())
     if found and runs.trains(v) and not resume and not ours:
         yield (
@@ -285,8 +285,10 @@ def output_folder(v: dict, own: dict) -> Iterator[str]:
     elif runs.trains(v) and resume and resume not in runs.RESUME_LATEST and not ours and path.is_dir():
         # a checkpoint of another folder continued here: only into a folder that holds no run of its own
         source = Path(resume).expanduser().resolve().parent
-        held = [p.name for p in (*found[-1:], path / runs.RECORD_NAME, path / "model.safetensors") if p.exists()]
-        continued = (runs.read_run_record(path) or {}).get("continues")  # this run, stopped before its first save
+        held = [
+            p.name for p in (*found[-1:], layout.path(path, layout.RECORD), path / "model.safetensors") if p.exists()
+        ]
+        continued = (layout.read_record(path) or {}).get("continues")  # this run, stopped before its first save
         again = not found and continued and Path(continued).resolve() == Path(resume).expanduser().resolve()
         if source != path.resolve() and (held or a_model) and not again:
             yield (
@@ -462,19 +464,19 @@ def held_out(v: dict) -> Iterator[str]:
     folder, n = Path(v["model_name_or_path"]).expanduser(), v["validation_rows"]
     if not (v["eval_only"] and v["eval_split"] == "validation" and folder.is_dir()):
         return
-    run_dir = runs.run_folder(folder)
-    trained = ((runs.read_run_record(run_dir) or {}).get("settings") or {}).get("run", {}).get("validation_rows")
-    if trained is None and (run_dir / "trainer_state.json").is_file():
+    run_dir, record = layout.run_of(folder), layout.path(layout.run_of(folder), layout.RECORD)
+    trained = ((layout.read_record(run_dir) or {}).get("settings") or {}).get("run", {}).get("validation_rows")
+    if trained is None and layout.path(run_dir, layout.STATE).is_file():
         logger.warning(
             "eval_split=validation: %s has no run record (%s): whether it trained on the rows --validation_rows %d "
             "holds out cannot be told, and they are called held out on its word",
-            folder, run_dir / runs.RECORD_NAME, n,
+            folder, record, n,
         )  # fmt: skip
     if isinstance(trained, int) and trained < n:
         which = "every one of them" if trained == 0 else f"all but {trained} of them"
         yield (
-            f"eval_split=validation: {folder} was trained with validation_rows={trained} (its run record, "
-            f"{run_dir / runs.RECORD_NAME}), so of the {n} train rows --validation_rows {n} holds out it trained on "
+            f"eval_split=validation: {folder} was trained with validation_rows={trained} (its run record, {record}), "
+            f"so of the {n} train rows --validation_rows {n} holds out it trained on "
             f"{which}: measure the test split (--eval_split test)"
             + (f", or the rows its run held out (--validation_rows {trained})" if trained else "")
         )
@@ -658,7 +660,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     weights (sharded under ZeRO-3, and gathered whole while generating: TRL's unwrap_model_for_generation), the fp32
     master weights, gradients and moments sharded over the processes. LoRA / QLoRA: a bf16 (4-bit) base, fp32
     adapters with their gradients and moments. beta > 0: TRL's reference model for the KL term, in bf16
-    (`models.reference_in_bf16`; LoRA's is the base with the adapters off: nothing more). Generation and training do
+    (`patches.reference_in_bf16`; LoRA's is the base with the adapters off: nothing more). Generation and training do
     not overlap: the peak is the larger of the KV cache (bf16) and the training's activations (checkpointed layer
     inputs, one layer's recompute, and the fused LM head's logit tiles: `LOGPROB_TILE`)."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
@@ -704,7 +706,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
         if plan.get("vllm_share"):
             parts["base copy during a vLLM sync"] = 2 * body
         residual = 2
-    kv_bytes = 2 + 2  # bf16 keys and values (models.cast_once_per_generation: RoPE in bf16 while generating)
+    kv_bytes = 2 + 2  # bf16 keys and values (patches.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     kv = 0 if plan.get("server") else kv  # a vLLM server generates elsewhere
     batch = plan["batch"]

@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from grpo_kit import layout
 from grpo_kit.models import zero_stage
 
 logger = logging.getLogger("grpo_demo")
@@ -196,11 +197,11 @@ def where_written(output_dir: str | Path, saved_model: bool, ask: str | None = N
     folder = Path(output_dir)
     found = [
         ("model", folder if saved_model else None),
-        ("curves", folder / "curves.png"),
-        ("evaluations", folder / "eval" / "comparison.json"),
-        ("completions", folder / "completions"),
-        ("health", folder / "health.json"),
-        ("run record", folder / "run_record.json"),
+        ("curves", layout.path(folder, layout.CURVES)),
+        ("evaluations", layout.comparison(folder)),
+        ("completions", layout.path(folder, layout.COMPLETIONS)),
+        ("health", layout.path(folder, layout.HEALTH)),
+        ("run record", layout.path(folder, layout.RECORD)),
     ]
     lines = [f"Written to {folder}:"]
     lines += [f"  {name:<12} {path}" for name, path in found if path is not None and Path(path).exists()]

@@ -8,8 +8,6 @@ completions are gathered and the main process writes the report, so N processes 
 process makes the same number of `generate` calls, which ZeRO-3 needs (its `generate` synchronises every token)."""
 
 import gc
-import hashlib
-import json
 import logging
 import time
 from contextlib import nullcontext
@@ -21,10 +19,11 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 
-from grpo_kit import RecipeError, generation, harness, models, reports, runs
+from grpo_kit import RecipeError, generation, harness, layout, models, reports, scoring
 from grpo_kit.data import drop_long_prompts
 from grpo_kit.generation import Generation, generate_greedy, generate_samples
-from grpo_kit.reports import compare, eval_name, write_report
+from grpo_kit.layout import eval_name
+from grpo_kit.reports import compare, write_report
 from grpo_kit.scoring import build_protocol, score, summarize, summarize_samples
 
 logger = logging.getLogger("grpo_demo")
@@ -106,7 +105,7 @@ def evaluate(
         "protocol": protocol.name,
         **({"tags": list(answer_format.tags)} if protocol.judges_format else {}),  # the format asked for and read
         "model": model_name,
-        "questions_sha256": questions_fingerprint(rows),
+        "questions_sha256": scoring.questions_fingerprint(rows),
         "backend": "hf" if vllm is None else "vllm",
         "max_new_tokens": max_new_tokens,
         "processes": processes,
@@ -136,12 +135,6 @@ def warn_if_past_positions(model, tokenizer, prompts: list, max_new_tokens: int)
             "--max_completion_length for numbers that mean something",
             longest, max_new_tokens, limit,
         )  # fmt: skip
-
-
-def questions_fingerprint(rows) -> str:
-    """sha256 over the questions and gold answers evaluated, in order: two evaluations compare only on the same."""
-    lines = "".join(json.dumps([row["question"], row["answer"]], ensure_ascii=False) + "\n" for row in rows)
-    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 class AccuracyCallback(TrainerCallback):
@@ -208,7 +201,7 @@ class AccuracyCallback(TrainerCallback):
         unwrapped = unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
         )
-        folder = reports.eval_dir(args.output_dir, name)
+        folder = layout.eval_dir(args.output_dir, name)
         with unwrapped as model:
             training = model.training
             lm = HFLM(pretrained=model, tokenizer=trainer.processing_class, batch_size=self.harness["batch_size"])
@@ -245,7 +238,7 @@ class AccuracyCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step > 0:
-            if self.before_and_after and reports.read_summary(self.trainer.args.output_dir, "baseline"):
+            if self.before_and_after and layout.read_summary(self.trainer.args.output_dir, "baseline"):
                 logger.info(
                     "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
                 )
@@ -291,7 +284,7 @@ class AccuracyCallback(TrainerCallback):
         from transformers import TrainerState
 
         trainer, checkpoint = self.trainer, self.trainer.args.resume_from_checkpoint
-        step, end = runs.step_and_end(checkpoint, trainer.args.max_steps) if checkpoint else (0, 0)
+        step, end = layout.step_and_end(checkpoint, trainer.args.max_steps) if checkpoint else (0, 0)
         if not 0 < end <= step:
             return False
         if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
@@ -301,7 +294,7 @@ class AccuracyCallback(TrainerCallback):
                 f"{checkpoint} (python, not accelerate launch: one process)"
             )
         trainer._load_from_checkpoint(checkpoint)
-        trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+        trainer.state = TrainerState.load_from_json(str(layout.path(checkpoint, layout.STATE)))
         trainer.state.is_local_process_zero = trainer.is_local_process_zero()
         trainer.state.is_world_process_zero = trainer.is_world_process_zero()
         signals.phase = "end"  # a stop signal now: the run finishes
@@ -386,8 +379,8 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     max_new = training_args.max_completion_length
     # a run's model: final; a start model: baseline; a run's checkpoint: its own name, in the run's eval/
-    trained = (Path(path) / "trainer_state.json").is_file()
-    trained = Path(path).name if trained and runs.CHECKPOINT.fullmatch(Path(path).name) else trained
+    trained = layout.path(path, layout.STATE).is_file()
+    trained = Path(path).name if trained and layout.is_checkpoint(path) else trained
     tokenizer = models.load_tokenizer(model_args, training_args)
     kept = drop_long_prompts(test_rows, tokenizer, run.max_prompt_tokens, run.eval_split)  # as train rows are
     rows = list(islice(kept, run.eval_limit))
@@ -407,7 +400,7 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
             trust_remote_code=training_args.trust_remote_code,
             gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
         )
-    summaries, fingerprint = [], questions_fingerprint(rows)
+    summaries, fingerprint = [], scoring.questions_fingerprint(rows)
     same_held_out_rows(path, run, rows, fingerprint)
     for protocol in asked:
         if isinstance(protocol, harness.Harness):
@@ -436,14 +429,14 @@ def same_held_out_rows(model_path: str, run, rows, fingerprint: str) -> None:
     measured (its eval/ summaries' questions), or a changed train file would have it measured on rows it trained on."""
     if run.eval_split != "validation" or not Path(model_path).is_dir():
         return
-    folder = runs.run_folder(model_path)
-    trained_on = ((runs.read_run_record(folder) or {}).get("settings") or {}).get("run", {}).get("dataset")
+    folder = layout.run_of(model_path)
+    trained_on = ((layout.read_record(folder) or {}).get("settings") or {}).get("run", {}).get("dataset")
     if trained_on != run.dataset and not (
         trained_on and run.dataset and Path(trained_on).resolve() == Path(run.dataset).resolve()
     ):
         return  # another data set than its run's: its held-out rows say nothing of these
     for name in ("baseline", "final"):
-        then = reports.read_summary(folder, name) or {}
+        then = layout.read_summary(folder, name) or {}
         same_terms = then.get("split") == "validation" and then.get("validation_rows") == run.validation_rows
         if same_terms and then.get("n") == len(rows) and then.get("questions_sha256") not in (None, fingerprint):
             raise RecipeError(
@@ -474,9 +467,9 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool | s
     plain = eval_name(evaluated_as(trained), protocol.name)
     terms = dict(model=path, protocol=protocol.name, split="test", max_new_tokens=settings["max_gen_toks"] or 256)
     terms["protocol_details"] = harness.protocol_details(protocol, run.dataset, settings)
-    terms["questions_sha256"] = (reports.read_summary(output_dir, plain) or {}).get("questions_sha256")
+    terms["questions_sha256"] = (layout.read_summary(output_dir, plain) or {}).get("questions_sha256")
     name = reports.free_name(output_dir, plain, terms)
-    folder = reports.eval_dir(output_dir, name)
+    folder = layout.eval_dir(output_dir, name)
     lm = (settings.get("backend", "hf"), spec)
     summary, records = harness.evaluate(lm, protocol, run.dataset, folder, settings, model_name=path, saved_as=spec)
     summary |= {"split": "test"} | ({"start_model": reports.start_model_of(path)} if trained else {})

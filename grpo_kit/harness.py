@@ -14,7 +14,7 @@ import shutil
 from importlib.metadata import version
 from pathlib import Path
 
-from grpo_kit import RecipeError
+from grpo_kit import RecipeError, layout, scoring
 
 logger = logging.getLogger("grpo_demo")
 
@@ -135,12 +135,11 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from grpo_kit.evaluation import questions_fingerprint
     from grpo_kit.scoring import summarize
 
     # Written beside `folder` and moved into it when lm-eval is done: an evaluation stopped half way (a signal, a
     # kill, a full disk) leaves no folder that a later one could take for a result; a stopped one's is cleared.
-    part = folder.parent / f".{folder.name}.part"
+    part = layout.part(folder)
     shutil.rmtree(part, ignore_errors=True)
     part.mkdir(parents=True)
     config = task_config(protocol.task, dataset_dir)
@@ -207,7 +206,7 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
         "protocol_details": details,
         "lm_eval_results": {f"{k}": own[f"exact_match,{f}"] for k, f in FILTERS.items()},
         "model": model_name,
-        "questions_sha256": questions_fingerprint([{"question": r["question"], "answer": r["gold"]} for r in records]),
+        "questions_sha256": scoring.fingerprint((r["question"], r["gold"]) for r in records),
         "backend": results["config"]["model"] if isinstance(model, str) else "hf",
         "max_new_tokens": max_gen_toks,
         "processes": 1,

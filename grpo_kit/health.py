@@ -14,17 +14,15 @@ import logging
 import math
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from grpo_kit import runs
+from grpo_kit import layout, runs
 from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
 
 logger = logging.getLogger("grpo_demo")
 
-FILE_NAME = "health.json"
 
 # Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1); a condition
 # must hold on every step of its window, so one noisy step never fires a check.
@@ -81,22 +79,12 @@ RESUME_NOTE = (
 )
 
 
-def reward_roles(reward_funcs, answer_format) -> tuple[dict[str, float], dict[str, float]]:
-    """({logged key: maximum} of the correctness rewards, and of the format rewards), found by scoring a perfect
-    completion in the recipe's format against its gold answer and another: a reward that changes with the gold judges
-    correctness, else form. One that fails on the probe or earns nothing on it is left out (no check reads it)."""
-    completion = answer_format.solution_template.format(reasoning="2 + 2 = 4", answer="4")
-    prompts = [answer_format.chat_prompt("What is 2 + 2?")]
-    completions = [[{"role": "assistant", "content": completion}]]
+def reward_roles(declared: dict[str, tuple[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """({logged key: maximum} of the correctness rewards, and of the format rewards), from the recipe's declaration
+    ({reward name: ("correct" or "format", maximum)}, `REWARD_ROLES`)."""
     correct, form = {}, {}
-    for func in reward_funcs:
-        name = getattr(func, "__name__", None)
-        try:
-            right, wrong = (float(func(prompts=prompts, completions=completions, answer=[g])[0]) for g in ("4", "5"))
-        except Exception:  # noqa: BLE001 - a user's reward of another shape: not one the checks can read
-            continue
-        if name and math.isfinite(right) and right > 0:
-            (correct if right != wrong else form)[f"rewards/{name}/mean"] = right
+    for name, (role, top) in declared.items():
+        (correct if role == "correct" else form)[f"rewards/{name}/mean"] = top
     return correct, form
 
 
@@ -460,7 +448,7 @@ class HealthCallback(EarlyStop):
 
     def __init__(self, trainer, watcher: Watcher):
         super().__init__(trainer)
-        self.watcher, self.path = watcher, Path(trainer.args.output_dir) / FILE_NAME
+        self.watcher, self.path = watcher, layout.path(trainer.args.output_dir, layout.HEALTH)
         self.then = watcher.not_finite_remedy()  # what to do next, said when the run stops (`EarlyStop.report`)
         self.skipped_step: int | None = None  # the step whose update was skipped: its gradients were not finite
         self.seen_finite_step: int | None = None  # the last step whose gradients were seen, and finite
@@ -512,7 +500,8 @@ class HealthCallback(EarlyStop):
         self._say(self.watcher.record("not_finite", step, what, self.watcher.not_finite_remedy()))
         if step < state.max_steps:
             self._keep_older_checkpoints()
-            saved = f"checkpoint-{step}, holding the weights before this step's update"  # safe to resume from
+            # safe to resume from
+            saved = f"{layout.checkpoint_name(step)}, holding the weights before this step's update"
             self.stop_here(state, control, reason="the gradients are not finite", save=True, saved=saved)
 
     def _keep_older_checkpoints(self) -> None:
@@ -540,7 +529,7 @@ class HealthCallback(EarlyStop):
             kept = self.watcher.scaled
             saved = "nothing: this step's weights may not be finite; the newest checkpoint is the last good one"
             if kept:
-                saved = f"checkpoint-{state.global_step} (the gradient scaler skipped the update)"
+                saved = f"{layout.checkpoint_name(state.global_step)} (the gradient scaler skipped the update)"
                 self._keep_older_checkpoints()
             reason = "the logged loss or gradient norm is not finite"
             self.stop_here(state, control, reason=reason, save=kept, saved=saved)
@@ -609,11 +598,14 @@ class _EndOfRunLine(TrainerCallback):
             print(self.health.summary_line(), flush=True)
 
 
-def watch(trainer, off, reward_funcs, answer_format, measured: int = 0) -> HealthCallback:
-    """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them; `measured`: the
-    questions each in-training accuracy measurement asks, 0 for none."""
+def watch(trainer, off, declared: dict[str, tuple[str, float]], measured: int = 0) -> HealthCallback:
+    """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them; `declared`: what
+    each reward judges and pays at most (`reward_roles`); `measured`: the questions each in-training accuracy
+    measurement asks, 0 for none."""
     scaled = getattr(trainer.accelerator, "scaler", None) is not None  # fp16 with a gradient scaler
-    roles = reward_roles(reward_funcs, answer_format)
+    roles = reward_roles(declared)
+    if unwatched := [n for n in getattr(trainer, "reward_func_names", []) if n not in declared]:
+        logger.info("Rewards without a role in REWARD_ROLES, trained on but not watched: %s", ", ".join(unwatched))
     health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))
     trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
     if "not_finite" in health.watcher.enabled and getattr(trainer, "generation_config", None) is not None:

@@ -10,13 +10,11 @@ import logging
 import math
 from pathlib import Path
 
-from grpo_kit import health
-from grpo_kit.reports import read_summary
-from grpo_kit.runs import read_json
+from grpo_kit import layout
+from grpo_kit.layout import read_json, read_summary
 
 logger = logging.getLogger("grpo_demo")
 
-FILE_NAME = "curves.png"
 # Accuracy panel: (summary key, label, line style, line width, color); the in-training callback logs `eval_<key>`.
 ACCURACY_LINES = (
     ("format_rate", "strict format", ":", 1.4, "tab:green"),
@@ -47,7 +45,7 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
     try:
         if (fig := curves_figure(output_dir, title)) is None:
             return None
-        path = Path(output_dir) / FILE_NAME
+        path = layout.path(output_dir, layout.CURVES)
         fig.savefig(path, dpi=90)
     except Exception as err:  # noqa: BLE001 - any failure to draw is reported, never raised
         logger.warning("No curves.png in %s: drawing failed (%s: %s)", output_dir, type(err).__name__, err)
@@ -59,14 +57,14 @@ def plot_curves(output_dir: str | Path, title: str | None = None) -> Path | None
 def curves_figure(output_dir: str | Path, title: str | None = None):
     """The figure: rewards, completion length where logged, accuracy where measured; None without a trainer state."""
     output_dir = Path(output_dir)
-    if (state := read_json(output_dir / "trainer_state.json")) is None:
+    if (state := layout.read_state(output_dir)) is None:
         logger.info("No trainer_state.json in %s: no curves to draw", output_dir)
         return None
     history = state.get("log_history", [])
     steps = [e for e in history if "reward" in e and "step" in e]  # one entry per optimizer step
     measured = [e for e in history if any(_measured(e, key) is not None for key, *_ in ACCURACY_LINES)]
     before, after = (read_summary(output_dir, name) for name in ("baseline", "final"))
-    findings = (read_json(output_dir / health.FILE_NAME) or {}).get("findings") or []
+    findings = (read_json(layout.path(output_dir, layout.HEALTH)) or {}).get("findings") or []
     last_step = state.get("global_step") or max((e["step"] for e in history if "step" in e), default=0)
 
     from matplotlib.figure import Figure  # not pyplot's: a file, with no display and no window to open
@@ -89,7 +87,7 @@ def curves_figure(output_dir: str | Path, title: str | None = None):
     for ax in fig.get_axes():  # every panel over the whole run: a reward logged last at step 37 ends there, at 37
         if ax.get_visible() and last_step:
             ax.set_xlim(-0.03 * last_step, 1.03 * last_step)  # a margin: the before/after markers sit at the ends
-    settings = ((read_json(output_dir / "run_record.json") or {}).get("settings") or {}).get("training") or {}
+    settings = ((layout.read_record(output_dir) or {}).get("settings") or {}).get("training") or {}
     fig.suptitle(title or f"{output_dir.name}: {objective(settings)}", fontsize=12)
     return fig
 

@@ -7,7 +7,7 @@ by `--tiny_model`), `DATA_DIR` (its generated problems) and `prepare`."""
 import re
 from pathlib import Path
 
-from grpo_kit import RecipeError, demo, runs, smoke
+from grpo_kit import RecipeError, demo, layout, runs, smoke
 
 # What both presets set: nothing to report to, fp32 on a CPU, one micro-step per optimizer step, a short sample.
 OFFLINE = dict(report_to=["none"], bf16=False, gradient_accumulation_steps=1, num_completions_to_print=1)
@@ -73,7 +73,7 @@ def variant_folder(preset: str | None, output_dir: str) -> bool:
 def trained_model(preset: str | None, values: dict) -> str | None:
     """The model the preset's own training run saved in its output folder (a finished run), None where there is none."""
     folder = Path(values.get("output_dir") or "")
-    finished = (folder / "trainer_state.json").is_file() and runs.weight_files(folder)
+    finished = layout.path(folder, layout.STATE).is_file() and layout.weight_files(folder)
     return str(folder) if preset and finished else None
 
 

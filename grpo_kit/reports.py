@@ -4,12 +4,12 @@ import json
 import logging
 from pathlib import Path
 
-from grpo_kit.runs import read_json, read_run_record
+from grpo_kit import layout
+from grpo_kit.layout import EVAL_COMPLETIONS, SUMMARY, eval_dir, eval_name, part, read_record, read_summary
 from grpo_kit.scoring import paired
 
 logger = logging.getLogger("grpo_demo")
 
-SUMMARY, COMPLETIONS, COMPARISON = "summary.json", "completions.jsonl", "comparison.json"
 MCNEMAR = "exact McNemar (two-sided binomial on the questions that changed)"
 TABLE_ROWS = (  # the printed tables' rows: (summary key, label, shown as a percentage)
     ("accuracy_strict", "accuracy, strict (answer block)", True),
@@ -20,16 +20,6 @@ TABLE_ROWS = (  # the printed tables' rows: (summary key, label, shown as a perc
     ("truncated", "truncated (hit max_new_tokens)", False),
 )
 INTERVALS = {"accuracy_strict": "interval_strict", "accuracy_lenient": "interval_lenient"}
-
-
-def eval_dir(output_dir: str | Path, name: str | None = None) -> Path:
-    """The evaluation folder of a run (`<output_dir>/eval`), or of one evaluation in it (`.../eval/<name>`)."""
-    folder = Path(output_dir) / "eval"
-    return folder / name if name else folder
-
-
-def read_summary(output_dir: str | Path, name: str) -> dict | None:
-    return read_json(eval_dir(output_dir, name) / SUMMARY)
 
 
 # What makes two evaluations of one name the same measurement (an older summary without a protocol was the recipe's,
@@ -47,11 +37,6 @@ ACCURACY_LABELS = {  # the accuracy rows' labels where a protocol reads answers 
     },
     "chat": {"accuracy_strict": "accuracy, strict (\\boxed{})", "accuracy_lenient": "accuracy, boxed else last number"},
 }
-
-
-def eval_name(base: str, protocol: str = "recipe") -> str:
-    """The folder an evaluation in `protocol` is written to: `baseline`, `final` (the recipe's), `final-chat`..."""
-    return base if protocol == "recipe" else f"{base}-{protocol}"
 
 
 def _term(summary: dict, key: str):
@@ -80,7 +65,7 @@ def free_name(output_dir: str | Path, name: str, terms: dict) -> str:
 
 def start_model_of(run_dir: str | Path) -> str | None:
     """The model a training run in `run_dir` started from, as its run record says (None without one)."""
-    return ((read_run_record(run_dir) or {}).get("settings") or {}).get("model", {}).get("model_name_or_path")
+    return ((read_record(run_dir) or {}).get("settings") or {}).get("model", {}).get("model_name_or_path")
 
 
 def why_not_comparable(old: dict, new: dict) -> str | None:
@@ -134,10 +119,10 @@ def write_report(output_dir: str | Path, name: str, summary: dict, records: list
     folder = eval_dir(output_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    for file, text in ((COMPLETIONS, lines), (SUMMARY, json.dumps(summary, indent=2) + "\n")):
-        part = folder / f".{file}.part"  # whole or not at all: a stop while writing leaves the older file
-        part.write_text(text, encoding="utf-8")
-        part.replace(folder / file)
+    for file, text in ((EVAL_COMPLETIONS, lines), (SUMMARY, json.dumps(summary, indent=2) + "\n")):
+        part_file = part(folder / file)  # whole or not at all: a stop while writing leaves the older file
+        part_file.write_text(text, encoding="utf-8")
+        part_file.replace(folder / file)
     protocol = _term(summary, "protocol") + " protocol"
     protocol += ", validation split (held out of train)" if summary.get("split") == "validation" else ""
     if not table:
@@ -160,7 +145,7 @@ RECORD_KEYS = ("question", "gold", "completion", "correct_strict", "correct_leni
 
 def read_records(output_dir: str | Path, name: str) -> list[dict] | None:
     """The records of `eval/<name>/completions.jsonl` ([] without one); None where a line is damaged (cut short)."""
-    path = eval_dir(output_dir, name) / COMPLETIONS
+    path = eval_dir(output_dir, name) / EVAL_COMPLETIONS
     try:
         lines = path.read_text(encoding="utf-8").split("\n") if path.is_file() else []
         records = [json.loads(line) for line in lines if line.strip()]
@@ -191,7 +176,7 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
     `protocol` side by side with their changes, the paired test per verdict and the questions that flipped, and a
     printed table; None (and an older comparison removed) unless both exist and are comparable."""
     before, after = eval_name("baseline", protocol), eval_name("final", protocol)
-    path = eval_dir(output_dir) / (COMPARISON if protocol == "recipe" else f"comparison-{protocol}.json")
+    path = layout.comparison(output_dir, protocol)
     old, new = read_summary(output_dir, before), read_summary(output_dir, after)
     if old is None or new is None:
         return None
@@ -202,8 +187,8 @@ def compare(output_dir: str | Path, protocol: str = "recipe") -> dict | None:
     if not reason and damaged:
         name, summary = damaged[0]
         reason = (
-            f"{eval_dir(output_dir, name) / COMPLETIONS} cannot be read (cut short?): measure {name} again, with the "
-            f"settings it was measured with: --eval_only --model_name_or_path {summary.get('model')} --output_dir "
+            f"{eval_dir(output_dir, name) / EVAL_COMPLETIONS} cannot be read (cut short?): measure {name} again, with "
+            f"the settings it was measured with: --eval_only --model_name_or_path {summary.get('model')} --output_dir "
             f"{output_dir}"
         )
     elif not reason and not (len(old_records) == len(new_records) == old["n"]):

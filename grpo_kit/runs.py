@@ -4,7 +4,6 @@ data), checkpointed, resumed on the settings and data it started with, and clear
 import atexit
 import dataclasses
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -18,22 +17,13 @@ import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from grpo_kit import RecipeError
+from grpo_kit import RecipeError, layout, patches, scoring
 from grpo_kit.models import installed_version, world_size
 
 logger = logging.getLogger("grpo_demo")
 
-LOCK_NAME, RECORD_NAME = ".run.lock", "run_record.json"
 RESUME_LATEST = ("latest", "true", "True", "1")
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "wandb", "flash-attn", "vllm")
-# What a run writes into its output folder, path by path inside it (full matches): a preset clears only these, and
-# refuses a folder holding anything else. A folder is the run's when its path matches RUN_FOLDERS (wandb's run folders
-# are wandb's: whatever it keeps in them is its own).
-MODEL_FILES = (
-    r"(config|generation_config|adapter_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|"
-    r"preprocessor_config|model\.safetensors\.index)\.json|(model|adapter_model)(-\d{5}-of-\d{5})?\.safetensors|"
-    r"vocab\.json|merges\.txt|chat_template\.jinja|README\.md|training_args\.bin"
-)
 # What a config file's `env:` may set: each honoured because the recipe applies it (`read_config`) before the library
 # that reads it is imported or reads it. Nothing else: a variable such as PATH, LD_PRELOAD, GIT_CONFIG_*, PYTHON*,
 # NCCL_NET_PLUGIN or WANDB__EXECUTABLE would run code; CUDA_VISIBLE_DEVICES must reach accelerate launch, which places
@@ -48,49 +38,6 @@ CONFIG_ENV = {
     "PYTORCH_CUDA_ALLOC_CONF",  # torch's CUDA allocator reads it: set before torch is imported (`resolve`)
     "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",  # read when the process group starts
 }  # fmt: skip
-CHECKPOINT = re.compile(r"checkpoint-(0|[1-9][0-9]*)")  # what the trainer names a checkpoint (no checkpoint-02)
-PROTOCOL = r"(-[a-z][a-z0-9_]*(-chat)?)"  # an evaluation's protocol in its folder's name: -chat, -gsm8k_cot-chat
-RUN_FILES = re.compile(
-    rf"(\.run\.lock|run_record\.json|trainer_state\.json|curves\.png|health\.json|{MODEL_FILES})"
-    rf"|checkpoint-(0|[1-9][0-9]*)/({MODEL_FILES}|trainer_state\.json|optimizer\.pt|scheduler\.pt|scaler\.pt|"
-    r"rng_state(_[0-9]+)?\.pth|entropy_ctrl_state\.json|latest|zero_to_fp32\.py|global_step[0-9]+/[^/]+)"
-    r"|completions/completions_[0-9]{5,}\.parquet|\.?warm-start(\.part)?/[^/]+"
-    rf"|eval/comparison{PROTOCOL}?\.json|eval/\.?(baseline|final|checkpoint-[0-9]+){PROTOCOL}?(-[0-9]+)?(\.part)?/"
-    r"(summary\.json|completions\.jsonl|lm_eval_task\.yaml|lm_eval_results\.json|lm_eval_samples\.jsonl)"
-    r"|wandb/(latest-run|debug\.log|debug-internal\.log|settings)|wandb/(offline-)?run-[0-9]{8}_[0-9]{6}-\w+/.+"
-)
-RUN_FOLDERS = re.compile(
-    r"checkpoint-(0|[1-9][0-9]*)(/global_step[0-9]+)?|completions|\.?warm-start(\.part)?"
-    rf"|eval(/\.?(baseline|final|checkpoint-[0-9]+){PROTOCOL}?(-[0-9]+)?(\.part)?)?|wandb(/(offline-)?run-[0-9]{{8}}_[0-9]{{6}}-\w+(/.+)?)?"
-)
-# no model or user file looks so (the warm start's folder and the one it is built in: a run stopped during the warm
-# start has written nothing else yet)
-RUN_ONLY_ENTRIES = ("checkpoint-*", "eval", "wandb", "completions", "warm-start", ".warm-start.part", LOCK_NAME)
-MODEL_ONLY_PARTS = ["optimizer.pt", "scheduler.pt", "rng_state.pth"]  # what a --save_only_model checkpoint lacks
-WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-def not_written_by_a_run(folder: str | Path, under: str = "") -> list[str]:
-    """What in `folder` no run wrote, at any depth (RUN_FILES, RUN_FOLDERS): each path inside it, a folder ending
-    in `/` and named once, not what it holds. A link is a file here: never followed."""
-    found = []
-    for path in sorted(Path(folder, under).iterdir()):
-        name = f"{under}{path.name}"
-        if path.is_dir() and not path.is_symlink():
-            found += not_written_by_a_run(folder, f"{name}/") if RUN_FOLDERS.fullmatch(name) else [f"{name}/"]
-        elif not RUN_FILES.fullmatch(name):
-            found.append(name)
-    return found
-
-
-def read_json(path: str | Path, default=None):
-    """A JSON object of a run (record, state, summary, lock), or `default` when it is missing, cannot be read or is
-    not an object (a damaged file: `[]`, `null`)."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return default
-    return value if isinstance(value, dict) else default
 
 
 def disk_full(err: BaseException) -> bool:
@@ -205,7 +152,7 @@ def claim(output_dir: str | Path) -> Path:
     job: Slurm sets SLURM_RESTART_COUNT from the first requeue on). A lock whose process is gone (a killed run), or
     left by an earlier run of this requeued Slurm job (which may have run on another machine: Slurm ends one run of
     a job before it starts the next), is taken over, saying so; a live one is refused."""
-    path = Path(output_dir) / LOCK_NAME
+    path = layout.path(output_dir, layout.LOCK)
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # the folders this run makes
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +171,7 @@ def claim(output_dir: str | Path) -> Path:
                 )
             break
         except FileExistsError:
-            holder = read_json(path, {})  # {} while being written, or damaged
+            holder = layout.read_json(path, {})  # {} while being written, or damaged
             same_host = holder.get("host") == me["host"]
             if holder.get("pid") == me["pid"] and same_host:
                 return path  # this process holds it already
@@ -248,7 +195,7 @@ def claim(output_dir: str | Path) -> Path:
 def release(lock: Path, made: list[Path]) -> None:
     """At exit: the lock removed if this process holds it, then each folder `claim` made that is left empty (a run
     that failed before writing anything leaves no empty outputs/<run>/ behind)."""
-    if read_json(lock, {}).get("pid") != os.getpid():
+    if layout.read_json(lock, {}).get("pid") != os.getpid():
         return
     lock.unlink(missing_ok=True)
     for folder in made:  # innermost first
@@ -275,11 +222,11 @@ def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, st
             f"--{preset} starts afresh in {folder}, clearing what its runs wrote there, and this run reads "
             f"{', '.join(inside)} inside it: copy that out of {folder} first, or give the preset another --output_dir"
         )
-    contents = [p for p in folder.iterdir() if p.name != LOCK_NAME] if folder.is_dir() else []
+    contents = [p for p in folder.iterdir() if p.name != layout.LOCK] if folder.is_dir() else []
     if not contents:
         return
-    foreign = not_written_by_a_run(folder)
-    settings = (read_json(folder / RECORD_NAME) or {}).get("settings") or {}
+    foreign = layout.not_written_by_a_run(folder)
+    settings = (layout.read_record(folder) or {}).get("settings") or {}
     if not (settings.get("run") or settings.get("recipe") or {}).get(preset) or foreign:
         listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise RecipeError(
@@ -290,65 +237,33 @@ def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, st
     for where, folders, files in os.walk(folder, topdown=False):  # what a folder holds first; links not followed
         for name in files + folders:
             path = Path(where, name)
-            if path != folder / LOCK_NAME:
+            if path != layout.path(folder, layout.LOCK):
                 path.rmdir() if name in folders and not path.is_symlink() else path.unlink()
 
 
 # ---------------------------------------------- Checkpoints -----------------------------------------------------------
-def run_folder(model_dir: str | Path) -> Path:
-    """The run folder a model folder belongs to: the run's own for a `checkpoint-N`, else the folder itself."""
-    folder = Path(model_dir).expanduser()
-    return folder.parent if CHECKPOINT.fullmatch(folder.name) else folder
-
-
-def checkpoint_folders(output_dir: str | Path) -> list[Path]:
-    """Every `checkpoint-N` folder in `output_dir`, complete or not, oldest first."""
-    found = [p for p in Path(output_dir).glob("checkpoint-*") if CHECKPOINT.fullmatch(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(p.name[11:]))
-
-
 def rotate_checkpoints(output_dir: str | Path, limit: int | None, keep: tuple[str | None, ...] = ()) -> None:
     """Keep the newest `limit` checkpoints of `output_dir` (those in `keep` too: the one just saved, the best one):
     transformers' rotation, but of the `checkpoint-N` folders alone (its pattern, `.*checkpoint-([0-9]+)`, also
     takes a user's `checkpoint-2-keep`), by step (not by modification time, which a copy changes), links left."""
     if not limit or limit <= 0:
         return
-    found, keep = [p for p in checkpoint_folders(output_dir) if not p.is_symlink()], {Path(p) for p in keep if p}
+    found, keep = [p for p in layout.checkpoints(output_dir) if not p.is_symlink()], {Path(p) for p in keep if p}
     kept = [p for p in found if any(p.samefile(k) for k in keep if k.exists())]
     for folder in [p for p in found if p not in kept][: max(len(found) - max(limit, len(kept)), 0)]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def rotate_own_checkpoints(trainer) -> None:
-    """Rotate `trainer`'s checkpoints by `rotate_checkpoints` (after each save, `save_total_limit` read then) instead
-    of by its own rotation, which is switched off while it saves."""
-    save = trainer._save_checkpoint
-
-    def save_then_rotate(model, trial):
-        args = trainer.args
-        limit, args.save_total_limit = args.save_total_limit, None  # the trainer's rotation: nothing to do
-        try:
-            save(model, trial)
-        finally:
-            args.save_total_limit = limit
-        if args.should_save:
-            output_dir = trainer._get_output_dir(trial=trial)
-            just_saved = Path(output_dir) / f"checkpoint-{trainer.state.global_step}"
-            rotate_checkpoints(output_dir, limit, (str(just_saved), trainer.state.best_model_checkpoint))
-
-    trainer._save_checkpoint = save_then_rotate
-
-
 def missing_parts(checkpoint: str | Path) -> list[str]:
     """What a resume needs that `checkpoint` lacks (files absent, truncated or damaged); empty when complete."""
     folder = Path(checkpoint)
-    state = folder / "trainer_state.json"
+    state = layout.path(folder, layout.STATE)
     missing = [f"{state.name}{f' ({why})' if state.is_file() else ''}"] if (why := state_damage(state)) else []
-    if not (weights := weight_files(folder)):
+    if not (weights := layout.weight_files(folder)):
         missing.append("its weights (model.safetensors or adapter_model.safetensors)")
     for path in weights:
         if path.name.endswith(".index.json"):
-            index = read_json(path)
+            index = layout.read_json(path)
             shards = index.get("weight_map", {}).values() if isinstance(index, dict) else ["(a damaged index)"]
             missing += [f"{name} (a shard)" for name in sorted(set(shards)) if not whole(folder / name)]
         elif path.suffix == ".safetensors" and not whole(path):
@@ -364,15 +279,11 @@ def missing_parts(checkpoint: str | Path) -> list[str]:
     return missing if rng else [*missing, "rng_state.pth"]
 
 
-def weight_files(folder: Path) -> list[Path]:
-    return [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-
-
 def state_damage(path: Path) -> str | None:
     """What makes a checkpoint's trainer_state.json unusable for a resume ("damaged: ..."), None when it is sound:
     the step a resume continues from (and names the next checkpoint by) a count, the epoch a number, the logs a
     list. transformers reads them unchecked: a step of -3 would train from -3 and write over checkpoint-4."""
-    if not isinstance(state := read_json(path), dict):
+    if not isinstance(state := layout.read_json(path), dict):
         return "damaged"
     step, epoch = state.get("global_step"), state.get("epoch", 0)
     if type(step) is not int or step < 0:
@@ -426,14 +337,14 @@ def resume(values: dict) -> str | None:
     incomplete), None for a fresh start; refused when the run's fixed settings differ from its start's."""
     path = asked = values["resume_from_checkpoint"]
     if asked in RESUME_LATEST:
-        folders = checkpoint_folders(output_dir := values["output_dir"])
+        folders = layout.checkpoints(output_dir := values["output_dir"])
         missing = [missing_parts(folder) for folder in folders]
         newest = max((i for i, parts in enumerate(missing) if not parts), default=-1)  # the newest complete one
         path = str(folders[newest]) if newest >= 0 else None
         for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
             logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
-        model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == MODEL_ONLY_PARTS]
-        continued = (read_run_record(output_dir) or {}).get("continues")
+        model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == layout.MODEL_ONLY_PARTS]
+        continued = (layout.read_record(output_dir) or {}).get("continues")
         if path is None and continued and trains(values):  # a run continued from another folder, stopped before it
             path = continued  # saved a checkpoint of its own: from the one it continues, again
             logger.info("--resume_from_checkpoint %s: no checkpoint in %s yet: from %s, which it continues", asked,
@@ -450,7 +361,7 @@ def resume(values: dict) -> str | None:
             )
     if not (path and trains(values)):
         return path
-    step, end = step_and_end(path, values["max_steps"])
+    step, end = layout.step_and_end(path, values["max_steps"])
     if 0 < end <= step and finished(Path(path).parent, step):
         raise RecipeError(
             f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
@@ -460,7 +371,7 @@ def resume(values: dict) -> str | None:
         logger.warning(
             "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
         )
-    record, changed = read_run_record(Path(path).parent), []  # the run the checkpoint belongs to
+    record, changed = layout.read_record(Path(path).parent), []  # the run the checkpoint belongs to
     held = "" if record else " (as the checkpoint's optimizer, scheduler and trainer state hold them)"
     record = record or {"settings": {"training": checkpoint_settings(path)}}  # a checkpoint copied on its own
     for section, names in FIXED_ON_RESUME.items():  # `name: was -> now` for each that differs from the record's
@@ -485,12 +396,6 @@ def resume(values: dict) -> str | None:
             )
         logger.warning("Resuming with settings changed since the run's start (--allow_changed_settings):\n%s", listed)
     return path
-
-
-def step_and_end(checkpoint: str | Path, max_steps: int) -> tuple[int, int]:
-    """A checkpoint's step, and the step its run ends at: `max_steps`, or where that is -1 (epochs), its state's."""
-    state = read_json(Path(checkpoint) / "trainer_state.json") or {}
-    return state.get("global_step", 0), max_steps if max_steps > 0 else state.get("max_steps", 0)
 
 
 def _torch_file(path: Path, mmap: bool = False, map_location: str | None = "cpu") -> dict | None:
@@ -524,7 +429,7 @@ def checkpoint_settings(checkpoint: str | Path) -> dict:
         found["adam_beta1"], found["adam_beta2"] = (float(x) for x in betas[0])
     if decays := [g["weight_decay"] for g in groups if "weight_decay" in g]:
         found["weight_decay"] = max(decays)
-    if isinstance(batch := (read_json(folder / "trainer_state.json") or {}).get("train_batch_size"), int):
+    if isinstance(batch := (layout.read_state(folder) or {}).get("train_batch_size"), int):
         # The trainer's batch per process: per device x the GPUs it counts, which is one in every run of the recipe
         # (models.one_gpu sets the Trainer's count to 1 where a lone process sees several)
         found["per_device_train_batch_size"] = batch
@@ -556,16 +461,16 @@ def finished(output_dir: str | Path, step: int) -> bool:
     """Whether the run in `output_dir` saved its final model after step `step`: its state (written after the model)
     at that step or later, and its weights whole."""
     folder = Path(output_dir)
-    state = read_json(folder / "trainer_state.json")
-    done = isinstance(state, dict) and (state.get("global_step") or 0) >= step and bool(weight_files(folder))
+    state = layout.read_state(folder)
+    done = isinstance(state, dict) and (state.get("global_step") or 0) >= step and bool(layout.weight_files(folder))
     return done and all(whole(path) for path in folder.glob("*.safetensors"))
 
 
 def same_data(train, run, training_args) -> None:
     """A resumed run trains on the data its start trained on (the run record's fingerprint)."""
     checkpoint = training_args.resume_from_checkpoint
-    data = (read_run_record(Path(checkpoint).parent) or {}).get("data") if checkpoint else None
-    if data is None or (fingerprint := data_fingerprint(train)) == data.get("sha256"):
+    data = (layout.read_record(Path(checkpoint).parent) or {}).get("data") if checkpoint else None
+    if data is None or (fingerprint := scoring.data_fingerprint(train)) == data.get("sha256"):
         return
     change = (
         f"the training data differ from the run's start: {len(train)} rows, sha256 {fingerprint[:12]}... "
@@ -585,13 +490,7 @@ def same_data_order(trainer) -> None:
     import torch
     from transformers import TrainerCallback
 
-    made, make = [], trainer._get_train_sampler
-
-    def sampler(*args, **kwargs):
-        made.append(make(*args, **kwargs))
-        return made[-1]
-
-    trainer._get_train_sampler = sampler
+    made = patches.keep_train_sampler(trainer)
 
     class SameDataOrder(TrainerCallback):
         def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
@@ -636,18 +535,13 @@ def hardware() -> dict:
             "cuda": torch.version.cuda}  # fmt: skip
 
 
-def data_fingerprint(dataset) -> str:
-    """sha256 over the training rows as the trainer sees them (prompt and gold answer), in order."""
-    digest = hashlib.sha256()
-    for prompt, answer in zip(dataset["prompt"], dataset["answer"], strict=True):
-        digest.update(json.dumps([prompt, answer], sort_keys=True, ensure_ascii=False).encode() + b"\n")
-    return digest.hexdigest()
-
-
 def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict | None = None, resumed_from=None):
     """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
     settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
-    now, record = datetime.now(UTC).isoformat(timespec="seconds"), read_run_record(output_dir) if resumed_from else None
+    now, record = (
+        datetime.now(UTC).isoformat(timespec="seconds"),
+        layout.read_record(output_dir) if resumed_from else None,
+    )
     environment = {name: os.environ[name] for name in sorted(CONFIG_ENV) if name in os.environ}
     facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware(), "env": environment}
     if record is not None:
@@ -656,19 +550,15 @@ def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict
         plain = {name: a.to_dict() if hasattr(a, "to_dict") else dataclasses.asdict(a) for name, a in settings.items()}
         record = {"created": now, "command": public(sys.argv), "recipe": facts["recipe"], "seed": seed,
                   "versions": facts["versions"], "hardware": facts["hardware"], "env": environment,
-                  "data": {"rows": len(dataset), "sha256": data_fingerprint(dataset)}, "model": model,
+                  "data": {"rows": len(dataset), "sha256": scoring.data_fingerprint(dataset)}, "model": model,
                   "settings": plain}  # fmt: skip
         if resumed_from:  # a checkpoint of another folder's run, continued in this one
             record["continues"] = str(resumed_from)
-    path = Path(output_dir) / RECORD_NAME
+    path = layout.path(output_dir, layout.RECORD)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     logger.info("Run record: %s (data sha256 %s…)", path, record["data"]["sha256"][:12])
     return record
-
-
-def read_run_record(output_dir: str | Path) -> dict | None:
-    return read_json(Path(output_dir) / RECORD_NAME)
 
 
 def model_facts(model) -> dict:
@@ -687,7 +577,7 @@ def start(trainer, settings: dict, dataset) -> dict | None:
     into it at the end."""
     from transformers import TrainerCallback
 
-    rotate_own_checkpoints(trainer)
+    patches.rotate_after_save(trainer, rotate_checkpoints)
     same_data_order(trainer)
     args = trainer.args
     if args.resume_from_checkpoint:
@@ -702,7 +592,7 @@ def start(trainer, settings: dict, dataset) -> dict | None:
         def on_train_begin(self, args, state, control, **kwargs):
             wandb = sys.modules.get("wandb")  # imported by its integration when it reports
             if wandb is not None and wandb.run is not None:
-                link = {"run_record": str(Path(args.output_dir).resolve() / RECORD_NAME)}
+                link = {"run_record": str(layout.path(Path(args.output_dir).resolve(), layout.RECORD))}
                 link |= {"data_sha256": record["data"]["sha256"], "recipe_commit": record["recipe"]["commit"]}
                 wandb.run.config.update(link, allow_val_change=True)
 
@@ -716,7 +606,7 @@ def start(trainer, settings: dict, dataset) -> dict | None:
                 memory = dict(zip(("allocated", "reserved"), (round(b / 2**30, 2) for b in peak), strict=True))
                 logger.info("Peak GPU memory: %.1f GiB allocated by torch, %.1f GiB reserved", *memory.values())
                 record["peak_gpu_memory_gib"] = memory
-                path = Path(args.output_dir) / RECORD_NAME
+                path = layout.path(args.output_dir, layout.RECORD)
                 path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
 
     trainer.add_callback(RunRecordCallbacks())

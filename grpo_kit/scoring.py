@@ -10,6 +10,8 @@ completion scores here as it is rewarded. lm-evaluation-harness's own tasks are 
 Statistics: `wilson` is the Wilson score interval (Newcombe 1998, method 3: inside [0, 1], honest at 0 % and at
 small n); pass@k is the unbiased estimator of Chen et al. (2021), its interval Wilson's of the mean (conservative)."""
 
+import hashlib
+import json
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +23,29 @@ PROTOCOLS = ("recipe", "chat")  # the recipe's own; lm-eval's tasks: harness.PRO
 BOXED = "\\boxed{"
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile: two-sided 95 %
 ALPHA = 0.05  # a change is called larger than chance when the paired test's p-value is below this
+
+
+def fingerprint(pairs) -> str:
+    """sha256 over (question or prompt, gold answer) pairs, in order: the one fingerprint of rows. An evaluation's
+    questions (two evaluations compare only on the same) and a run's training rows (a resume trains on its start's).
+
+    >>> fingerprint([("What is 2 + 2?", "4")])[:12]
+    '21511af1b8fc'
+    """
+    digest = hashlib.sha256()
+    for question, answer in pairs:
+        digest.update(json.dumps([question, answer], sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def questions_fingerprint(rows) -> str:
+    """`fingerprint` of evaluated rows ({"question", "answer"})."""
+    return fingerprint((row["question"], row["answer"]) for row in rows)
+
+
+def data_fingerprint(dataset) -> str:
+    """`fingerprint` of the training rows as the trainer sees them (prompt and gold answer)."""
+    return fingerprint(zip(dataset["prompt"], dataset["answer"], strict=True))
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from grpo_kit import RecipeError, settings
-from grpo_kit.runs import alive, public, read_json, started_at
+from grpo_kit import RecipeError, layout, settings
+from grpo_kit.layout import read_json
+from grpo_kit.runs import alive, public, started_at
 
 OPTUNA_PIN = "optuna==5.0.0"
 WEIGHT_PREFIX = "weight/"  # a study's parameters: weight/<reward name>, learning_rate, temperature
@@ -315,12 +316,12 @@ def run_trial(args, study, storage, optuna, names: list[str]) -> None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             run_again(study, study.trials[trial.number])
             raise
-    summary = read_json(out / "eval" / "final" / "summary.json") or {}
+    summary = layout.read_summary(out, "final") or {}
     result = {"number": trial.number, "settings": values, "command": command, "returncode": returncode}
     result |= {"seconds": round(time.perf_counter() - started), "output_dir": str(out), "log": str(log_path)}
     trial.set_user_attr(FINISHED_ATTR, returncode)
     if returncode == 0 and summary.get("split") == "validation":
-        baseline = read_json(out / "eval" / "baseline" / "summary.json") or {}
+        baseline = layout.read_summary(out, "baseline") or {}
         scores = {"accuracy": summary["accuracy_strict"], "interval": summary["interval_strict"], "n": summary["n"]}
         scores["baseline_accuracy"] = baseline.get("accuracy_strict")
         for key, value in scores.items():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_kit import RecipeError, checks, console, models, online, presets, runs
+from grpo_kit import RecipeError, checks, console, layout, models, online, presets, runs
 from grpo_kit.smoke import TINY_MODELS
 
 logger = logging.getLogger("grpo_demo")
@@ -408,9 +408,11 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
         # an evaluation lands beside the model it measured; a run's checkpoint's in the run's folder
         # (eval/checkpoint-N), not inside the checkpoint, which the run's rotation deletes
-        run = runs.run_folder(model_dir)
+        run = layout.run_of(model_dir)
         in_a_run = (
-            run != model_dir and (model_dir / "trainer_state.json").is_file() and (run / runs.RECORD_NAME).is_file()
+            run != model_dir
+            and layout.path(model_dir, layout.STATE).is_file()
+            and layout.path(run, layout.RECORD).is_file()
         )
         values["output_dir"] = str(run if in_a_run else model_dir)
     if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):

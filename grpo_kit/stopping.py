@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 import torch
 from transformers import TrainerCallback
 
-from grpo_kit import runs
+from grpo_kit import layout, runs
 
 logger = logging.getLogger("grpo_demo")
 
@@ -97,7 +97,7 @@ class EarlyStop(TrainerCallback):
         control.should_save = save
         control.should_training_stop = True
         self.stopped = {"step": state.global_step, "reason": reason, "saved": saved}
-        self.checkpoint = f"checkpoint-{state.global_step}" if save else None
+        self.checkpoint = layout.checkpoint_name(state.global_step) if save else None
 
     def report(self) -> int | None:
         if not self.stopped:
@@ -137,7 +137,7 @@ def write_record(args, code: int, step: int | None, reason: str, reached: int | 
     trained to (past `step`: the steps after the checkpoint are lost)."""
     if not (path := os.environ.get(STOP_RECORD_ENV)):
         return
-    checkpoint = None if step is None else os.path.join(args.output_dir, f"checkpoint-{step}")
+    checkpoint = None if step is None else str(layout.checkpoint(args.output_dir, step))
     fields = {"exit": code, "step": step, "checkpoint": checkpoint, "resumed_from": resumed_step(args)}
     fields |= {"reason": reason, "reached": reached}
     with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -148,8 +148,7 @@ def write_record(args, code: int, step: int | None, reason: str, reached: int | 
 def resumed_step(args) -> int | None:
     """The step of the checkpoint the run resumes from (`latest` resolved as it parsed), None for a fresh start."""
     start = args.resume_from_checkpoint
-    named = runs.CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(start))) if start else None
-    return int(named[1]) if named else None
+    return layout.step_of(os.path.normpath(start)) if start else None
 
 
 def server_mode(args) -> bool:
@@ -159,8 +158,8 @@ def server_mode(args) -> bool:
 
 def newest_step(output_dir: str) -> int | None:
     """The step of the newest checkpoint in `output_dir` that a resume can use (every part saved), None where none."""
-    complete = [p for p in runs.checkpoint_folders(output_dir) if not runs.missing_parts(p)]
-    return int(complete[-1].name.removeprefix("checkpoint-")) if complete else None
+    complete = [p for p in layout.checkpoints(output_dir) if not runs.missing_parts(p)]
+    return layout.step_of(complete[-1]) if complete else None
 
 
 class StopOnSignal(EarlyStop):
@@ -216,7 +215,8 @@ class StopOnSignal(EarlyStop):
                 logger.warning("%s during the last step: the run finishes", names)
             return
         self.exit_code = EXIT_INTERRUPTED if "SIGINT" in received else EXIT_STOPPED
-        self.stop_here(state, control, reason=f"{names} received", save=True, saved=f"checkpoint-{state.global_step}")
+        saved = layout.checkpoint_name(state.global_step)
+        self.stop_here(state, control, reason=f"{names} received", save=True, saved=saved)
 
     def _anywhere(self) -> list[str]:
         """The stop signals that any process has received (one reduction, MAX over the processes' flags)."""

@@ -21,12 +21,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from grpo_kit import RecipeError
-from grpo_kit.runs import read_json
+from grpo_kit import RecipeError, layout
+from grpo_kit.layout import read_json
 
 logger = logging.getLogger("grpo_demo")
 
-FOLDER, STAMP = "warm-start", "warm_start.json"  # in the run's output folder; in it, the terms that made it
 BATCH_SIZE = 8  # rows per step, over every process: 64 rows are 8 steps at a constant learning rate
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, `48/2=<<48/2=24>>24`: no model writes these
 
@@ -71,7 +70,9 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     from accelerate import PartialState
 
     state = PartialState()
-    folder = (Path(training_args.output_dir) / FOLDER).resolve()  # an adapter names its base by this path
+    folder = layout.path(
+        training_args.output_dir, layout.WARM_START
+    ).resolve()  # an adapter names its base by this path
     length = training_args.max_completion_length
     data = examples(train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, length)
     made_with = {
@@ -86,7 +87,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
         "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
         "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
     }
-    if read_json(folder / STAMP) == made_with:
+    if read_json(layout.path(folder, layout.WARM_START_STAMP)) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
         return str(folder)
     if training_args.resume_from_checkpoint:
@@ -97,7 +98,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
             f"Resuming a LoRA run needs the base its adapter was trained on, {folder}, which is gone or was made "
             "otherwise: a new warm start would be another base. Start a new run (another --output_dir)"
         )
-    part = folder.parent / f".{FOLDER}.part"
+    part = layout.part(folder)
     state.wait_for_everyone()  # every process has read the stamp before the main one clears anything
     if state.is_main_process:
         shutil.rmtree(part, ignore_errors=True)
@@ -117,7 +118,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     trainer.save_model(str(part))  # the main process writes
     if state.is_main_process:
         tokenizer.save_pretrained(part)
-        (part / STAMP).write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
+        layout.path(part, layout.WARM_START_STAMP).write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)
         part.rename(folder)
     del trainer

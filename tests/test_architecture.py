@@ -53,3 +53,81 @@ def test_running_the_recipe_loads_it_once(tmp_path):
         line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
     }
     assert "grpo_kit.settings" in imported and "grpo_demo" not in imported
+
+
+# The floors, by when their code runs; a module imports only from its own floor or below (docs/ARCHITECTURE.md).
+FLOORS = {
+    # 0. pure: answers, numbers, the format, scoring, data, the output folder's layout (no torch)
+    **dict.fromkeys(["__init__", "numbers", "answer_format", "scoring", "data", "layout"], 0),
+    # 1. the libraries as the recipe uses them: models, generation, every patch, the Hub, the offline assets
+    **dict.fromkeys(["patches", "generation", "models", "online", "smoke", "demo"], 1),
+    # 2. measuring: the evaluation, lm-eval's tasks, reports on disk, the curves
+    **dict.fromkeys(["evaluation", "harness", "reports", "plots"], 2),
+    # 3. a run's life: lock, record, resume; health; stopping; the console; the warm start
+    **dict.fromkeys(["runs", "health", "stopping", "console", "warm_start"], 3),
+    # 4. before anything loads: the settings, the checks and the memory plan, the presets
+    **dict.fromkeys(["settings", "checks", "presets"], 4),
+    # 5. entry points beside the recipe: the search, the merge
+    **dict.fromkeys(["search", "merge"], 5),
+}
+HEAVY = ("torch", "transformers", "trl", "peft", "accelerate", "vllm", "deepspeed")
+
+
+def imports(path) -> tuple[set[str], set[str]]:
+    """The kit's modules and the top-level packages a module imports anywhere in it (in functions too)."""
+    import ast
+
+    kit, packages = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] != "grpo_kit":
+                packages.add(parts[0])
+            else:
+                kit |= {parts[1]} if len(parts) > 1 else {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                kit |= {parts[1]} if parts[0] == "grpo_kit" and len(parts) > 1 else set()
+                packages |= {parts[0]} if parts[0] != "grpo_kit" else set()
+    return kit - {"RecipeError", "offline_commands"}, packages  # the package's own two names
+
+
+def test_every_import_goes_down_a_floor_or_stays_on_it():
+    modules = {p.stem: p for p in (ROOT / "grpo_kit").glob("*.py")}
+    assert set(modules) == set(FLOORS), "a module without a floor, or a floor without its module"
+    up = []
+    for name, path in modules.items():
+        kit, packages = imports(path)
+        up += [f"{name} -> {dep}" for dep in kit - {name} if FLOORS[dep] > FLOORS[name]]
+        if FLOORS[name] == 0:
+            assert not packages & set(HEAVY), f"{name} is pure code and imports {packages & set(HEAVY)}"
+    assert not up, up
+
+
+def test_the_kits_imports_have_no_circle():
+    graph = {p.stem: imports(p)[0] - {p.stem} for p in (ROOT / "grpo_kit").glob("*.py")}
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    assert not [name for name in graph if name in reach(name)]
+
+
+def test_only_the_layout_names_the_files_of_a_run():
+    """The output folder's files are named in grpo_kit/layout.py alone: a new file of a run gets its line there."""
+    names = ('"run_record.json"', '"health.json"', '"curves.png"', '"trainer_state.json"', '"checkpoint-', '/ "eval"')
+    found = [
+        f"{path.name}: {name}"
+        for path in (ROOT / "grpo_kit").glob("*.py")
+        if path.stem != "layout"
+        for name in names
+        if name in path.read_text()
+    ]
+    assert not found, found

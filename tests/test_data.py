@@ -12,7 +12,7 @@ from conftest import refused, resolved
 
 import grpo_demo
 from grpo_kit import RecipeError, models, smoke
-from grpo_kit.runs import data_fingerprint
+from grpo_kit.scoring import data_fingerprint
 
 
 def write_rows(folder, rows, split="train"):

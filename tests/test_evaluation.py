@@ -11,7 +11,7 @@ import torch
 from conftest import refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, evaluation, generation, reports, scoring
+from grpo_kit import RecipeError, evaluation, generation, layout, reports, scoring
 
 FMT = grpo_demo.ANSWER_FORMAT
 ANSWER = "<reasoning>\n{r}\n</reasoning>\n<answer>\n{a}\n</answer>"
@@ -89,15 +89,43 @@ def test_rows(gsm8k_dir):
     return grpo_demo.get_gsm8k_questions("test", str(gsm8k_dir)).select(range(8))
 
 
-def test_batched_generation_matches_one_at_a_time(tiny, test_rows):
+@pytest.fixture(scope="module")
+def reading_model(tiny):
+    """The tiny model's architecture with weights ten times as large (std 0.2): its greedy completions differ from
+    prompt to prompt and change when any token before them does, a pad token read as context too. (The smoke
+    model's 0.02 barely moves the last token's embedding: it writes newlines whatever it reads.)"""
+    import copy
+
     tokenizer, model = tiny
+    config = copy.deepcopy(model.config)
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    return type(model)(config)
+
+
+@pytest.mark.parametrize(
+    "pad",
+    [
+        "own",  # a pad token of its own (Qwen's): padding could be told from the prompt by its id alone
+        "end-of-sequence",  # the end of sequence as pad (models.pad_token's last resort): only the mask tells it
+    ],
+)
+def test_batched_generation_matches_one_at_a_time(tiny, reading_model, test_rows, pad):
+    """Left-padded batches (their attention mask and positions) generate what each prompt alone does."""
+    import copy
+
+    tokenizer, model = copy.deepcopy(tiny[0]), reading_model
+    if pad == "end-of-sequence":
+        tokenizer.pad_token = tokenizer.eos_token
+    assert (generation.pad_id(tokenizer) == tokenizer.eos_token_id) == (pad == "end-of-sequence")
     prompts = test_rows["prompt"]
+    lengths = {len(ids) for ids in generation.prompt_ids(tokenizer, prompts)}
+    assert len(lengths) > 1  # so the batch is padded
     model.train()
-    batched = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=16, batch_size=8)
     single = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=16, batch_size=1)
+    assert len({g.text for g in single}) == len(prompts)  # each prompt its own completion: a test that can fail
+    batched = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=16, batch_size=8)
     assert batched == single
-    lengths = {len(tokenizer.apply_chat_template(p, add_generation_prompt=True, return_dict=False)) for p in prompts}
-    assert len(lengths) > 1  # so the batch was padded
     assert model.training  # put back in the mode it was in
 
 
@@ -126,7 +154,7 @@ def test_evaluate_writes_a_consistent_report(tiny, test_rows, tmp_path, capsys, 
     assert summary["seconds"] >= 0.5  # the time generation took, and the rate of it
     assert summary["questions_per_second"] == pytest.approx(8 / summary["seconds"], rel=0.02)
     folder = reports.write_report(tmp_path, "baseline", summary, records)
-    assert folder == reports.eval_dir(tmp_path, "baseline") == tmp_path / "eval" / "baseline"
+    assert folder == layout.eval_dir(tmp_path, "baseline") == tmp_path / "eval" / "baseline"
     saved = json.loads((folder / "summary.json").read_text())
     lines = [json.loads(line) for line in (folder / "completions.jsonl").read_text().splitlines()]
     assert saved == summary and lines == records
@@ -235,13 +263,13 @@ def test_an_evaluation_in_other_tags_is_written_beside_and_not_compared(tiny_dir
     grpo_demo.main(flags)
     grpo_demo.main(flags)  # the same terms: measured again in place
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline"]
-    first = reports.read_summary(out, "baseline")
+    first = layout.read_summary(out, "baseline")
     assert first["tags"] == ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
     grpo_demo.main([*flags, "--reasoning_tag", "think"])
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["baseline", "baseline-2"]
-    assert reports.read_summary(out, "baseline") == first
-    assert reports.read_summary(out, "baseline-2")["tags"] == ["<think>", "</think>", "<answer>", "</answer>"]
-    assert "<think>" in reports.read_summary(out, "baseline-2")["first_prompt"]
+    assert layout.read_summary(out, "baseline") == first
+    assert layout.read_summary(out, "baseline-2")["tags"] == ["<think>", "</think>", "<answer>", "</answer>"]
+    assert "<think>" in layout.read_summary(out, "baseline-2")["first_prompt"]
     # The chat protocol asks for no tags: other tags change nothing it measures.
     grpo_demo.main([*flags, "--eval_protocols", "chat"])
     grpo_demo.main([*flags, "--eval_protocols", "chat", "--reasoning_tag", "think"])
@@ -280,7 +308,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model
         "was measured with: --eval_only --model_name_or_path outputs/smoke-assets/tiny-qwen2 --output_dir "
         "outputs/smoke-GRPO"
     ) in caplog.text
-    assert reports.read_summary(run, "final")["n"] == 32 and not (run / "eval" / "comparison.json").exists()
+    assert layout.read_summary(run, "final")["n"] == 32 and not (run / "eval" / "comparison.json").exists()
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # no step more
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 3
     trained = completions_of(run, grpo_demo.get_gsm8k_questions("test", "outputs/smoke-assets/gsm8k-generated"))
@@ -592,9 +620,9 @@ def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_p
     record = {"settings": {"run": {"validation_rows": 8, "dataset": str(gsm8k_dir)}}}
     (run / "run_record.json").write_text(json.dumps(record))
     with pytest.raises(RecipeError, match="are not those .* run held out and measured"):
-        evaluation.same_held_out_rows(str(run), settings, rows, evaluation.questions_fingerprint(rows))
+        evaluation.same_held_out_rows(str(run), settings, rows, scoring.questions_fingerprint(rows))
     other = SimpleNamespace(eval_split="validation", validation_rows=8, dataset=str(tmp_path))  # another data set
-    evaluation.same_held_out_rows(str(run), other, rows, evaluation.questions_fingerprint(rows))
-    summary["questions_sha256"] = evaluation.questions_fingerprint(rows)  # the same rows: measured
+    evaluation.same_held_out_rows(str(run), other, rows, scoring.questions_fingerprint(rows))
+    summary["questions_sha256"] = scoring.questions_fingerprint(rows)  # the same rows: measured
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
     evaluation.same_held_out_rows(str(run / "checkpoint-4"), settings, rows, summary["questions_sha256"])

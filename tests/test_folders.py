@@ -15,13 +15,13 @@ import torch
 import transformers.trainer_utils
 from conftest import ROOT, offline_env, refused
 
-from grpo_kit import RecipeError, presets, runs
+from grpo_kit import RecipeError, layout, patches, presets, runs
 
 
 def write_lock(folder, pid: int, host: str | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     lock = {"pid": pid, "host": host or socket.gethostname(), "since": "2026-11-30T12:00:00+00:00"}
-    (folder / runs.LOCK_NAME).write_text(json.dumps(lock))
+    (folder / layout.LOCK).write_text(json.dumps(lock))
 
 
 def test_a_folder_held_by_a_live_run_is_refused(tmp_path):
@@ -59,14 +59,14 @@ def test_our_pid_on_another_machine_is_another_run(tmp_path):
     write_lock(tmp_path / "run", os.getpid(), host="another-node")
     with pytest.raises(RecipeError, match=rf"in use by another run \(pid {os.getpid()} on another-node, "):
         runs.claim(tmp_path / "run")
-    assert json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())["host"] == "another-node"  # left alone
+    assert json.loads((tmp_path / "run" / layout.LOCK).read_text())["host"] == "another-node"  # left alone
 
 
 def test_a_run_that_exits_frees_its_folder(tmp_path, caplog):
     claim = f"from grpo_kit import runs; runs.claim({str(tmp_path / 'run')!r}); print('held')"
     done = subprocess.run([sys.executable, "-c", claim], cwd=ROOT, env=offline_env(tmp_path), capture_output=True)
     assert done.returncode == 0 and done.stdout.strip() == b"held", done.stderr[-2000:]
-    assert not (tmp_path / "run" / runs.LOCK_NAME).exists()  # removed at exit
+    assert not (tmp_path / "run" / layout.LOCK).exists()  # removed at exit
     with caplog.at_level("WARNING", logger="grpo_demo"):
         runs.claim(tmp_path / "run")  # free: claimed at once, nothing taken over
     assert "Taking over" not in caplog.text
@@ -75,8 +75,8 @@ def test_a_run_that_exits_frees_its_folder(tmp_path, caplog):
 def test_a_lock_left_by_a_requeued_slurm_jobs_earlier_run_is_taken_over(tmp_path, monkeypatch, caplog):
     """A preempted job requeued by Slurm may start on other machines; a run killed there left its lock."""
     write_lock(tmp_path / "run", 1, host="node07")
-    lock = json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())
-    (tmp_path / "run" / runs.LOCK_NAME).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
+    lock = json.loads((tmp_path / "run" / layout.LOCK).read_text())
+    (tmp_path / "run" / layout.LOCK).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     with pytest.raises(RecipeError, match="pid 1 on node07"):  # the same run of the job: another run beside it
         runs.claim(tmp_path / "run")
@@ -86,7 +86,7 @@ def test_a_lock_left_by_a_requeued_slurm_jobs_earlier_run_is_taken_over(tmp_path
     assert "Slurm job 4242 held it before it was requeued" in caplog.text
     assert json.loads(path.read_text())["slurm_restart"] == 1
     monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job's lock is not this one's to take
-    (tmp_path / "run" / runs.LOCK_NAME).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
+    (tmp_path / "run" / layout.LOCK).write_text(json.dumps({**lock, "slurm_job": "4242", "slurm_restart": 0}))
     with pytest.raises(RecipeError, match="pid 1 on node07"):
         runs.claim(tmp_path / "run")
 
@@ -106,7 +106,7 @@ def test_a_preset_clears_only_a_folder_its_runs_wrote(tmp_path):
     (folder / "notes.txt").unlink()
     write_lock(folder, os.getpid())
     runs.clear_preset_folder(folder, "smoke")
-    assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # its own lock stays
+    assert [p.name for p in folder.iterdir()] == [layout.LOCK]  # its own lock stays
 
 
 def a_smoke_runs_folder(folder):
@@ -153,7 +153,7 @@ def test_a_preset_keeps_a_users_files_at_any_depth_and_names_them(tmp_path):
     (folder / "wandb/offline-run-20261201_234724-d4dykqdh/logs/debug-core.log").symlink_to(outside / "keep.txt")
     write_lock(folder, os.getpid())
     runs.clear_preset_folder(folder, "smoke")
-    assert [p.name for p in folder.iterdir()] == [runs.LOCK_NAME]  # every file the run wrote, its folders too
+    assert [p.name for p in folder.iterdir()] == [layout.LOCK]  # every file the run wrote, its folders too
     assert (outside / "keep.txt").read_text() == "mine"  # a link is removed, never what it points to
 
 
@@ -207,8 +207,8 @@ def test_smoke_resuming_a_checkpoint_of_its_own_folder_clears_nothing(tmp_path, 
 
 def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, caplog):
     write_lock(tmp_path / "run", 1)  # pid 1 is alive, but it is not the process that wrote the lock
-    lock = json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())
-    (tmp_path / "run" / runs.LOCK_NAME).write_text(json.dumps({**lock, "started": "0"}))
+    lock = json.loads((tmp_path / "run" / layout.LOCK).read_text())
+    (tmp_path / "run" / layout.LOCK).write_text(json.dumps({**lock, "started": "0"}))
     with caplog.at_level("WARNING", logger="grpo_demo"):
         runs.claim(tmp_path / "run")
     assert "its run (pid 1) is gone" in caplog.text
@@ -252,7 +252,7 @@ def test_no_token_reaches_a_file_or_a_printed_command(argv, shown, monkeypatch, 
     assert runs.public(argv) == shown
     monkeypatch.setattr(sys, "argv", argv)
     runs.claim(tmp_path / "run")
-    assert json.loads((tmp_path / "run" / runs.LOCK_NAME).read_text())["command"] == shown
+    assert json.loads((tmp_path / "run" / layout.LOCK).read_text())["command"] == shown
     assert "hf_a" not in runs.resume_command() and "hf_abc" not in runs.resume_command()
 
 
@@ -283,7 +283,7 @@ def test_checkpoint_rotation_removes_only_the_runs_checkpoints(tmp_path):
     )  # fmt: skip
     rows = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
     trainer = Trainer(model=Line(), args=args, train_dataset=rows)
-    runs.rotate_own_checkpoints(trainer)
+    patches.rotate_after_save(trainer, runs.rotate_checkpoints)
     trainer.train()
     assert sorted(p.name for p in out.iterdir()) == [
         "checkpoint-2-keep", "checkpoint-3", "checkpoint-4", "checkpoint-best",
@@ -313,6 +313,37 @@ def test_every_process_of_a_run_rotates_so(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1-keep", "checkpoint-2"]
 
 
+@pytest.mark.parametrize(
+    ("steps", "limit", "keep", "left"),
+    [
+        ((2, 9, 10), 2, (), {9, 10}),  # by step: checkpoint-10 sorts before checkpoint-9 by name, and is newer
+        ((9, 10, 11), 2, (11,), {10, 11}),  # the one just saved kept, and the newest other one
+        ((100, 8, 99), 1, (), {100}),  # whatever order the folders were made in
+        ((1, 9, 10, 11, 12), 3, (12, 1), {1, 11, 12}),  # the best (checkpoint-1) kept beside the newest two
+    ],
+)
+def test_checkpoint_rotation_keeps_the_newest_steps(tmp_path, steps, limit, keep, left):
+    for step in steps:
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    runs.rotate_checkpoints(tmp_path, limit, tuple(str(tmp_path / f"checkpoint-{step}") for step in keep))
+    assert {p.name for p in tmp_path.iterdir()} == {f"checkpoint-{step}" for step in left}
+
+
+def test_rotation_during_training_keeps_the_checkpoints_of_the_newest_steps(tmp_path):
+    """Saving steps 8 to 11 with save_total_limit 2 (the trainer's save, then the rotation `runs.start` puts in
+    place): past step 9 the names no longer sort as the steps do."""
+    state = SimpleNamespace(global_step=0, best_model_checkpoint=None)
+    args = SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2, should_save=True, resume_from_checkpoint=None)
+    trainer = SimpleNamespace(args=args, state=state, accelerator=SimpleNamespace(is_main_process=False))
+    trainer._save_checkpoint = lambda model, trial: (tmp_path / f"checkpoint-{state.global_step}").mkdir()
+    trainer._get_output_dir = lambda trial: str(tmp_path)
+    trainer._get_train_sampler, trainer.add_callback = lambda dataset=None: None, lambda callback: None
+    assert runs.start(trainer, {}, None) is None
+    for state.global_step in (8, 9, 10, 11):
+        trainer._save_checkpoint(None, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-11"]
+
+
 def test_resuming_where_every_checkpoint_holds_the_model_alone_is_refused(tmp_path, single_process):
     """A retry of a run stopped under --save_only_model (the Slurm script requeues one): no checkpoint resumes, and
     starting afresh would rotate the saved models out; it stops, naming the one to start a new run from."""
@@ -334,15 +365,15 @@ def test_resuming_where_every_checkpoint_holds_the_model_alone_is_refused(tmp_pa
 @pytest.mark.parametrize("text", ["[]", "null", '"x"', "[1]"])
 def test_a_run_file_holding_json_that_is_no_object_reads_as_damaged(tmp_path, text):
     """A lock or run record cut or overwritten to `[]`, `null`, a string: read as absent, never `.get` on a list."""
-    (tmp_path / runs.RECORD_NAME).write_text(text)
-    assert runs.read_run_record(tmp_path) is None
-    assert runs.read_json(tmp_path / runs.RECORD_NAME, {}) == {}
+    (tmp_path / layout.RECORD).write_text(text)
+    assert layout.read_record(tmp_path) is None
+    assert layout.read_json(tmp_path / layout.RECORD, {}) == {}
 
 
 def test_a_checkpoint_is_named_as_the_trainer_names_it_and_a_copy_is_not():
     assert [name for name in ("checkpoint-0", "checkpoint-12", "checkpoint-02", "checkpoint-2-keep", "checkpoint-")
-            if runs.CHECKPOINT.fullmatch(name)] == ["checkpoint-0", "checkpoint-12"]  # fmt: skip
-    assert not runs.RUN_FILES.fullmatch("checkpoint-02/model.safetensors")  # a user's copy: never cleared
+            if layout.CHECKPOINT.fullmatch(name)] == ["checkpoint-0", "checkpoint-12"]  # fmt: skip
+    assert not layout.RUN_FILES.fullmatch("checkpoint-02/model.safetensors")  # a user's copy: never cleared
 
 
 def test_a_run_that_wrote_nothing_leaves_no_empty_folder(tmp_path):

@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks, models
+from grpo_kit import RecipeError, checks, models, patches
 
 
 # ---------------------------------------------- One GPU for a single process -----------------------------------------
@@ -103,7 +103,7 @@ def test_lora_base_is_bit_exact_after_many_vllm_syncs_and_vllm_gets_the_merged_w
 
     kept = lora_model(tiny)
     start = base_weights(kept)
-    assert models.keep_base_exact(kept) == 7 * 2  # 7 projections, 2 layers
+    assert patches.keep_base_exact(kept) == 7 * 2  # 7 projections, 2 layers
     handed = vllm_syncs(kept, 50)
     end = base_weights(kept)
     assert all(torch.equal(start[name], end[name]) for name in start)  # bit for bit
@@ -136,7 +136,7 @@ def test_vllm_gets_the_lora_update_rounded_to_bf16_as_the_readme_states(delta, k
         layer.lora_B["default"].weight.mul_(scale.to(layer.lora_B["default"].weight.dtype))
         intended = layer.get_delta_weight("default").float()
     before = layer.get_base_layer().weight.detach().float().clone()
-    models.keep_base_exact(model)
+    patches.keep_base_exact(model)
     model.merge_adapter()  # what TRL does before it reads the weights for vLLM
     seen = layer.get_base_layer().weight.detach().float() - before
     model.unmerge_adapter()
@@ -154,9 +154,9 @@ def test_the_lora_vllm_preset_is_guarded():
     )
     guarded = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(models, "keep_base_exact", lambda model: guarded.append(model) or 1)
+        patch.setattr(patches, "keep_base_exact", lambda model: guarded.append(model) or 1)
         trainer.model = torch.nn.Linear(2, 2)
-        models.prepare_trained_model(trainer)
+        patches.prepare_trained_model(trainer)
     assert guarded == [trainer.model]  # the recipe guards every vLLM run's model (a no-op without adapters)
 
 
@@ -245,7 +245,7 @@ def trainer_for(tiny_dir, gsm8k_dir, tmp_path, extra: list[str], steps: int = 1)
         train_dataset=grpo_demo.get_gsm8k_questions("train", str(gsm8k_dir)),
         peft_config=get_peft_config(model_args),
     )
-    models.prepare_trained_model(trainer)
+    patches.prepare_trained_model(trainer)
     return trainer
 
 
@@ -304,7 +304,7 @@ def test_twenty_steps_leave_the_embedding_with_the_hooks_it_had_after_one(tiny_d
 def test_the_kl_reference_computes_in_bf16_and_deepspeed_loads_bf16(fake_cuda, monkeypatch):
     ref = torch.nn.Linear(4, 4)
     trainer = SimpleNamespace(ref_model=ref, is_deepspeed_enabled=False, args=SimpleNamespace(bf16=True))
-    assert models.reference_in_bf16(trainer) and ref.weight.dtype == torch.bfloat16
+    assert patches.reference_in_bf16(trainer) and ref.weight.dtype == torch.bfloat16
     v = resolved([])
     assert grpo_demo.weights_dtype(v, v) == "float32"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")

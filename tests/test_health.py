@@ -17,9 +17,9 @@ from test_stopping import in_two_processes
 from transformers import TrainerControl, TrainerState
 
 import grpo_demo
-from grpo_kit import health
+from grpo_kit import health, layout
 
-CORRECT, FORM = health.reward_roles(grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+CORRECT, FORM = health.reward_roles(grpo_demo.REWARD_ROLES)
 RECIPE = {  # the recipe's values of the settings the remedies name
     "max_completion_length": 786,
     "num_generations": 16,
@@ -81,14 +81,6 @@ def test_the_rewards_are_told_apart_by_what_they_judge():
     assert {
         f"rewards/{name}_reward_func/mean": 0.5 for name in ("xmlcount", "soft_format", "strict_format", "int")
     } == FORM
-
-    def broken(completions, **kwargs):
-        raise KeyError("needs a column this recipe has not")
-
-    def silent(completions, **kwargs):
-        return [0.0] * len(completions)
-
-    assert health.reward_roles([broken, silent], grpo_demo.ANSWER_FORMAT) == ({}, {})
 
 
 FLAT = ("not_learning",)  # off where a condition needs a correct share that does not rise (it is not learning too)
@@ -469,7 +461,7 @@ def test_a_check_that_had_its_steps_but_not_its_metric_says_it_cannot_judge(tmp_
         state.global_step = step
         callback.on_log(None, state, control, logs={k: v for k, v in healthy(step).items() if k != "step"})
     callback.on_train_end(None, state, control)
-    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    record = json.loads((tmp_path / layout.HEALTH).read_text())
     assert record["too_few_steps"] == {} and record["status"] == "ok"
     assert sorted(record["cannot_judge"]) == ["format_only", "length_runaway", "not_learning"]
     assert callback.summary_line().startswith("Training health: ok (4 checks")
@@ -487,14 +479,14 @@ def test_a_check_that_had_its_steps_but_not_its_metric_says_it_cannot_judge(tmp_
     ],
 )
 def test_a_run_shorter_than_a_checks_window_says_too_few_steps_for_it_never_ok(steps, unjudged, tmp_path):
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(None, state, control)
     for step in range(1, steps + 1):
         state.global_step = step
         callback.on_log(None, state, control, logs={k: v for k, v in healthy(step).items() if k != "step"})
     callback.on_train_end(None, state, control)
-    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    record = json.loads((tmp_path / layout.HEALTH).read_text())
     assert list(record["too_few_steps"]) == unjudged
     assert record["status"] == ("too few steps" if unjudged else "ok") and record["findings"] == []
     line = callback.summary_line()
@@ -505,14 +497,14 @@ def test_a_run_shorter_than_a_checks_window_says_too_few_steps_for_it_never_ok(s
 def test_the_watcher_runs_before_the_reporters_and_says_the_last_word(tmp_path):
     reporters = ["DefaultFlowCallback", "WandbCallback", "AccuracyCallback"]
     trainer = fake_trainer(tmp_path, list(reporters))
-    callback = health.watch(trainer, [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(trainer, [], grpo_demo.REWARD_ROLES)
     assert trainer.callback_handler.callbacks[0] is callback  # wandb sees its health/ metrics
     assert trainer.callback_handler.callbacks[1:-1] == reporters
     assert trainer.callback_handler.callbacks[-1].health is callback  # the end-of-run line after the final table
 
 
 def test_each_log_is_marked_where_wandb_and_trainer_state_read_it(tmp_path, caplog):
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(None, state, control)
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
@@ -525,7 +517,7 @@ def test_each_log_is_marked_where_wandb_and_trainer_state_read_it(tmp_path, capl
             callback.on_log(None, state, control, logs=logs)
             assert logs["health/truncation"] == state.log_history[-1]["health/truncation"] == (step >= 3)
             if step == 3:  # written as the finding comes: a run that dies later still has it
-                record = json.loads((tmp_path / health.FILE_NAME).read_text())
+                record = json.loads((tmp_path / layout.HEALTH).read_text())
                 assert [(f["check"], f["step"]) for f in record["findings"]] == [("truncation", 3)]
         eval_logs = {"eval_accuracy_strict": 0.5}
         callback.on_log(None, state, control, logs=eval_logs)
@@ -533,7 +525,7 @@ def test_each_log_is_marked_where_wandb_and_trainer_state_read_it(tmp_path, capl
     assert caplog.text.count("first step's loss 0.002") == 1
     assert caplog.text.count("Training health, step 3: truncation") == 1
     callback.on_train_end(None, state, control)
-    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    record = json.loads((tmp_path / layout.HEALTH).read_text())
     assert record["status"] == "findings" and [f["check"] for f in record["findings"]] == ["truncation"]
     cost = record["cost"]
     assert cost["logged_steps"] == 4 and 0 < cost["health_ms_per_step"] < cost["training_ms_per_step"]
@@ -543,7 +535,7 @@ def test_each_log_is_marked_where_wandb_and_trainer_state_read_it(tmp_path, capl
 
 def test_a_resumed_run_keeps_its_findings_without_saying_them_again(tmp_path, caplog):
     history = [{**healthy(s), "completions/clipped_ratio": 0.9} for s in range(1, 5)]
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     state = TrainerState(global_step=4, log_history=history)
     with caplog.at_level(logging.INFO, logger="grpo_demo"):
         callback.on_train_begin(None, state, TrainerControl())
@@ -560,7 +552,7 @@ def nan_gradients_step(tmp_path, off=(), max_steps=10, log=True):
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     trainer = fake_trainer(tmp_path)
-    callback = health.watch(trainer, off, grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(trainer, off, grpo_demo.REWARD_ROLES)
     state, control = TrainerState(global_step=6, max_steps=max_steps), TrainerControl()
     callback.on_train_begin(None, state, control)
     (model(torch.ones(3, 4)).sum() * math.nan).backward()
@@ -581,7 +573,7 @@ def test_non_finite_gradients_skip_the_update_save_and_stop(tmp_path, caplog):
     assert callback.stopped["step"] == 7
     assert callback.trainer.args.save_total_limit == 4  # the stop's checkpoint rotates no older one out
     assert [(f["check"], f["step"]) for f in callback.watcher.findings] == [("not_finite", 7)]  # said once
-    record = json.loads((tmp_path / health.FILE_NAME).read_text())
+    record = json.loads((tmp_path / layout.HEALTH).read_text())
     assert record["status"] == "stopped" and record["stopped"]["saved"].startswith("checkpoint-7")
     with caplog.at_level(logging.ERROR, logger="grpo_demo"):
         assert callback.report() == health.EXIT_NOT_FINITE == 3
@@ -599,7 +591,7 @@ def test_with_the_check_off_non_finite_gradients_go_into_the_weights(tmp_path):
 def test_a_non_finite_loss_the_gradients_did_not_show_stops_without_saving(tmp_path):
     """Where the gradients cannot be seen (DeepSpeed keeps its own) the update has gone in: the step's weights are
     not saved, so the newest checkpoint stays the last good one."""
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     state, control = TrainerState(global_step=8), TrainerControl(should_save=True)
     callback.on_train_begin(None, state, control)
     callback.on_log(None, state, control, logs={**healthy(8), "loss": math.inf})
@@ -611,7 +603,7 @@ def test_a_non_finite_loss_the_gradients_did_not_show_stops_without_saving(tmp_p
 def test_finite_gradients_are_left_alone(tmp_path):
     model = torch.nn.Linear(4, 2)
     model(torch.ones(3, 4)).sum().backward()
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     control = TrainerControl()
     callback.on_pre_optimizer_step(None, TrainerState(), control, model=model)
     assert all(p.grad is not None for p in model.parameters()) and callback.skipped_step is None
@@ -624,7 +616,7 @@ def test_processes_skip_the_update_together_when_one_has_non_finite_gradients(tm
     def skipped(rank: int):
         model = torch.nn.Linear(4, 2)
         (model(torch.ones(3, 4)).sum() * (math.nan if rank == 0 else 1.0)).backward()
-        callback = health.watch(fake_trainer(tmp_path / str(rank)), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+        callback = health.watch(fake_trainer(tmp_path / str(rank)), [], grpo_demo.REWARD_ROLES)
         callback.on_pre_optimizer_step(None, TrainerState(global_step=6), TrainerControl(), model=model)
         return callback.skipped_step, [p.grad is None for p in model.parameters()]
 
@@ -650,7 +642,7 @@ def test_non_finite_gradients_at_the_last_step_skip_it_and_finish(tmp_path):
 def test_where_no_process_holds_gradients_every_step_is_logged_and_checked(tmp_path):
     """DeepSpeed keeps its gradients inside its engine: `param.grad` is None everywhere."""
     model = torch.nn.Linear(4, 2)
-    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(fake_trainer(tmp_path), [], grpo_demo.REWARD_ROLES)
     state, control = TrainerState(global_step=0, max_steps=10), TrainerControl()
     callback.on_pre_optimizer_step(None, state, control, model=model)
     state.global_step = 1
@@ -661,7 +653,7 @@ def test_where_no_process_holds_gradients_every_step_is_logged_and_checked(tmp_p
 def test_under_fp16_a_non_finite_loss_stops_and_saves_what_the_scaler_kept(tmp_path):
     trainer = fake_trainer(tmp_path)
     trainer.accelerator.scaler = object()  # fp16: a gradient scaler
-    callback = health.watch(trainer, [], grpo_demo.REWARD_FUNCS, grpo_demo.ANSWER_FORMAT)
+    callback = health.watch(trainer, [], grpo_demo.REWARD_ROLES)
     state, control = TrainerState(global_step=3, max_steps=10), TrainerControl(should_save=False)
     callback.on_train_begin(None, state, control)
     callback.on_log(None, state, control, logs={**healthy(3), "grad_norm": math.inf})  # the scaler's business

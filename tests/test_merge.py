@@ -50,6 +50,47 @@ def test_merge_gives_the_adapted_models_outputs_in_full_precision(adapter_run):
         assert not torch.allclose(base(**inputs).logits, merged(**inputs).logits)  # the adapter is in it
 
 
+def own_template(tokenizer) -> None:
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+
+
+def added_token(tokenizer) -> None:
+    tokenizer.add_tokens(["<scratchpad>"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "saved_with_run", "kept"),
+    [
+        (own_template, True, "run"),  # a chat template the run set (a base model has none, or another)
+        (added_token, True, "run"),  # a token the run added
+        (None, False, "base"),  # an adapter saved without a tokenizer: the base's is the one it trained with
+    ],
+    ids=["chat-template", "added-token", "no-tokenizer"],
+)
+def test_merge_keeps_the_runs_tokenizer(adapter_run, tmp_path, edit, saved_with_run, kept):
+    """The merged folder's tokenizer is the one saved with the adapter (what the run trained and evaluated with),
+    not the base model's."""
+    from transformers import AutoTokenizer
+
+    folder, _, _ = adapter_run
+    run = tmp_path / "adapter"
+    run.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (run / name).write_bytes((folder / "run" / name).read_bytes())
+    tokenizer = AutoTokenizer.from_pretrained(folder / "base")
+    if edit:
+        edit(tokenizer)
+    if saved_with_run:
+        tokenizer.save_pretrained(run)
+    expected = AutoTokenizer.from_pretrained(run if kept == "run" else folder / "base")
+    merged = AutoTokenizer.from_pretrained(merge.merge_adapter(run, tmp_path / "merged"))
+    assert merged.chat_template == expected.chat_template
+    assert merged.get_vocab() == expected.get_vocab()
+    if edit:  # the run's differs from the base's
+        base = AutoTokenizer.from_pretrained(folder / "base")
+        assert (base.chat_template, base.get_vocab()) != (merged.chat_template, merged.get_vocab())
+
+
 def test_merge_names_what_is_wrong_instead_of_a_traceback(adapter_run, tmp_path):
     folder, _, _ = adapter_run
     with pytest.raises(RecipeError, match="a full model .* already standalone: nothing to merge"):

@@ -15,7 +15,7 @@ import torch
 from conftest import pretend_cuda
 
 import grpo_demo
-from grpo_kit import evaluation, models, settings
+from grpo_kit import evaluation, models, patches, settings
 
 STEPS = 3
 
@@ -152,9 +152,9 @@ def test_qlora_adapters_cast_to_bf16_by_trl_go_back_to_fp32(tiny):
         if param.requires_grad:
             param.data = param.data.to(torch.bfloat16)  # as trl does for a quantized base
     trainer = SimpleNamespace(model=peft_model, is_deepspeed_enabled=False)
-    assert models.train_adapters_in_fp32(trainer) == 2 * 2 * 2  # A and B, 2 projections, 2 layers
+    assert patches.train_adapters_in_fp32(trainer) == 2 * 2 * 2  # A and B, 2 projections, 2 layers
     dtypes = {(p.requires_grad, p.dtype) for p in peft_model.parameters()}
     assert dtypes == {(True, torch.float32), (False, torch.bfloat16)}  # adapters fp32, the frozen base untouched
 
-    assert models.train_adapters_in_fp32(SimpleNamespace(model=base, is_deepspeed_enabled=False)) == 0  # no adapter
-    assert models.train_adapters_in_fp32(SimpleNamespace(model=peft_model, is_deepspeed_enabled=True)) == 0
+    assert patches.train_adapters_in_fp32(SimpleNamespace(model=base, is_deepspeed_enabled=False)) == 0  # no adapter
+    assert patches.train_adapters_in_fp32(SimpleNamespace(model=peft_model, is_deepspeed_enabled=True)) == 0

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from grpo_demo import (
     REWARD_FUNCS,
+    REWARD_ROLES,
     answer_number,
     correctness_reward_func,
     extract_hash_answer,
@@ -326,6 +327,15 @@ CORRECTNESS = [
     ("The answer is 18.", "18", 0.0),  # ... only outside any block
     (formatted("18"), "", 0.0),  # an empty gold answer pays nothing
     (formatted("18"), None, 0.0),  # nor does a missing one
+    # A gold answer that is no number pays nothing, whatever the completion: never "no number" equal to "no number"
+    (formatted("eighteen"), "", 0.0),  # no number against an empty gold answer
+    (formatted(""), "", 0.0),  # an empty answer against an empty gold answer
+    (formatted("n/a"), "n/a", 0.0),  # the same text: numbers are compared, and there is none
+    (formatted("twelve"), "twelve", 0.0),  # ... likewise in words
+    (formatted("12"), "twelve", 0.0),  # the number the word means: the gold answer is not parsed as words
+    (formatted("nothing"), "twelve", 0.0),  # no number against no number
+    (formatted("18"), "18 apples", 0.0),  # a gold answer must be a number alone (GSM8K's after ####)
+    (formatted("none"), None, 0.0),  # no number against a missing gold answer
 ]
 
 
@@ -340,6 +350,20 @@ def test_rewards_take_a_batch_and_plain_strings():
     expected = [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [2.0, 0.0, 0.0]]
     assert [f(completions=[chat(t) for t in texts], **batch) for f in REWARD_FUNCS] == expected
     assert [f(completions=texts, **batch) for f in REWARD_FUNCS] == expected  # standard (non-chat) format
+
+
+def test_each_rewards_declared_role_and_maximum_are_what_it_pays():
+    """REWARD_ROLES, which the health checks and the console's "correct" share read: a right answer in the exact
+    format earns each reward's maximum, no completion (the adversarial ones too) earns more, and the rewards
+    declared "correct" are those that pay differently against another gold."""
+    assert set(REWARD_ROLES) == {func.__name__ for func in REWARD_FUNCS}  # every reward has its line
+    texts = [GOOD, formatted("19"), *ADVERSARIAL.values()]
+    batch = {"prompts": [[]] * len(texts), "completions": [chat(t) for t in texts]}
+    for func in REWARD_FUNCS:
+        role, top = REWARD_ROLES[func.__name__]
+        right, wrong = func(**batch, answer=["18"] * len(texts)), func(**batch, answer=["19"] * len(texts))
+        assert right[0] == top and max(right + wrong) == top, func.__name__
+        assert (role == "correct") == (right != wrong), func.__name__
 
 
 def test_tags_from_the_settings_change_prompt_rewards_and_evaluation_alike():

@@ -57,6 +57,21 @@ def test_defaults_are_the_reference_hyperparameters_on_todays_trl():
 
 
 @pytest.mark.parametrize(
+    ("argv", "on"),
+    [
+        ([], True),  # the default: activations recomputed in the backward pass, not kept (16 x 786 tokens a step)
+        (["--config", str(ROOT / "configs/gspo.yaml")], True),  # a config file that does not name it keeps it on
+        (["--activation_checkpointing", "false"], False),  # turned off by its name
+        (["--gradient_checkpointing", "false"], False),  # ... or by transformers' old name, which TRL's docs use
+        (["--smoke"], False),  # the offline presets' tiny model: nothing to save
+    ],
+)
+def test_activation_checkpointing_is_on_unless_turned_off(argv, on):
+    _, args, _ = grpo_demo.parse_settings(argv)
+    assert (args.activation_checkpointing, args.gradient_checkpointing) == (on, on)  # the trainer reads either
+
+
+@pytest.mark.parametrize(
     ("model", "output_dir", "run_name"),
     [
         ("Qwen/Qwen2.5-1.5B-Instruct", "outputs/Qwen-1.5B-GRPO", "Qwen-1.5B-GRPO-gsm8k"),
@@ -640,6 +655,49 @@ def test_resuming_takes_only_a_complete_checkpoint(tmp_path, caplog):
     assert (
         f"checkpoint-4: incomplete, without scheduler.pt; the newest complete one is {run / 'checkpoint-2'}" in message
     )
+
+
+@pytest.mark.parametrize(
+    ("steps", "newest"),
+    [
+        ((2, 10, 9), 10),  # by step: checkpoint-10 comes before checkpoint-9 by name, and after it by step
+        ((10, 9, 2), 10),  # whatever order the folders were made (or listed) in
+        ((1, 3, 20, 100), 100),  # the newest of several, not the first
+        ((9,), 9),  # the only one
+    ],
+)
+def test_resuming_latest_takes_the_complete_checkpoint_of_the_highest_step(tmp_path, steps, newest):
+    run = tmp_path / "run"
+    for step in steps:
+        fake_checkpoint(run / f"checkpoint-{step}", step=step)
+    chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(run / f"checkpoint-{newest}")
+
+
+@pytest.mark.parametrize(
+    ("drop", "add", "missing"),
+    [
+        (("rng_state.pth",), (), ["rng_state.pth"]),  # killed before its RNG state was written: incomplete
+        (("optimizer.pt", "scheduler.pt", "rng_state.pth"), (), ["optimizer.pt", "scheduler.pt", "rng_state.pth"]),
+        (("rng_state.pth",), ("rng_state_0.pth", "rng_state_1.pth"), []),  # two processes: one RNG state each
+        ((), (), []),  # every part there
+    ],
+    ids=["no-rng-state", "model-only", "per-process-rng-states", "complete"],
+)
+def test_a_checkpoint_without_its_rng_state_is_incomplete_and_skipped(tmp_path, caplog, drop, add, missing):
+    """A resume restores the RNG state (the sampling of the completions after it): a checkpoint without one is not
+    resumed from, the one before it is."""
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoint-2", step=2)
+    newer = fake_checkpoint(run / "checkpoint-4", drop=drop, step=4)
+    for name in add:
+        torch.save({}, newer / name)
+    assert runs.missing_parts(newer) == missing
+    with caplog.at_level(logging.WARNING, logger="grpo_demo"):
+        chosen = resolved(["--output_dir", str(run), "--resume_from_checkpoint", "latest"])
+    assert chosen.resume_from_checkpoint == str(run / ("checkpoint-2" if missing else "checkpoint-4"))
+    skipped = f"Skipping {newer}: incomplete, without {', '.join(missing)}"
+    assert (skipped in caplog.text) == bool(missing)
 
 
 @pytest.mark.parametrize(

@@ -327,12 +327,17 @@ def stop_record(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("signalled", "server", "recorded"),
-    [(True, True, True), (False, True, False), (True, False, False)],
-    ids=["server-then-signal", "no-signal", "no-server"],
+    ("signalled", "server", "save_only_model", "recorded"),
+    [
+        (True, True, False, True),  # a preemption: the server gone mid-step after the signal
+        (False, True, False, False),  # a failure, no signal
+        (True, False, False, False),  # torchrun's SIGTERM after a crash: no server to lose
+        (True, True, True, False),  # --save_only_model: no checkpoint resumes, so no record offers one
+    ],
+    ids=["server-then-signal", "no-signal", "no-server", "model-only"],
 )
 def test_a_step_that_fails_after_a_stop_signal_with_a_vllm_server_records_the_newest_complete_checkpoint(
-    signalled, server, recorded, tmp_path, stop_record, monkeypatch
+    signalled, server, save_only_model, recorded, tmp_path, stop_record, monkeypatch
 ):
     """A preemption's SIGTERM reaches vLLM's server too, and the step in progress fails without it: the record names
     the newest complete checkpoint and the step reached (the steps after that checkpoint are lost), and the error
@@ -345,7 +350,7 @@ def test_a_step_that_fails_after_a_stop_signal_with_a_vllm_server_records_the_ne
     state = TrainerState(global_step=5, max_steps=10)
     trainer = fake_trainer(state)
     trainer.args = SimpleNamespace(
-        output_dir=str(out), resume_from_checkpoint=str(out / "checkpoint-2"), save_only_model=False,
+        output_dir=str(out), resume_from_checkpoint=str(out / "checkpoint-2"), save_only_model=save_only_model,
         use_vllm=server, vllm_mode="server",
     )  # fmt: skip
     with pytest.raises(ConnectionError), stopping.on_signals(trainer) as stop:
@@ -381,3 +386,32 @@ def test_a_failure_after_a_saved_stop_keeps_its_record(tmp_path, stop_record):
         "exit": 75, "step": 5, "checkpoint": f"{tmp_path}/run/checkpoint-5", "resumed_from": None,
         "reason": "SIGUSR1 received", "reached": 5,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "save_only_model", "code", "recorded"),
+    [
+        ("SIGUSR1", False, 75, {"exit": 75, "step": 5, "checkpoint": "run/checkpoint-5", "resumed_from": 2,
+                                "reason": "SIGUSR1 received", "reached": 5}),  # resumable: the job requeues on it
+        ("SIGUSR1", True, 1, None),  # the model alone: no record says it resumes; the run exits 1, a failure
+        ("SIGTERM", True, 1, None),  # a preemption's signal likewise
+        ("SIGHUP", True, 1, None),  # and a closed terminal's
+    ],
+    ids=["resumable", "model-only-usr1", "model-only-term", "model-only-hup"],
+)  # fmt: skip
+def test_a_stop_under_save_only_model_leaves_no_record_that_it_resumes(
+    name, save_only_model, code, recorded, stop_record
+):
+    """The Slurm script requeues a job on its stop record: a checkpoint of --save_only_model holds no optimizer
+    state, so no retry resumes from it (it would train from step 0 again, or refuse): its stop writes none."""
+    state = TrainerState(global_step=4, max_steps=10)
+    trainer = fake_trainer(state, save_only_model)
+    trainer.args.resume_from_checkpoint, trainer.args.output_dir = "run/checkpoint-2", "run"
+    with stopping.on_signals(trainer) as stop:
+        stop.on_step_begin(None, state, TrainerControl())
+        os.kill(os.getpid(), getattr(signal, name))
+        state.global_step = 5
+        stop.on_step_end(None, state, TrainerControl())
+    stopping.record(stop)  # as the recipe calls it, once the run's state is written
+    assert stopping.exit_code(stop) == code
+    assert (json.loads(stop_record.read_text()) if stop_record.exists() else None) == recorded
