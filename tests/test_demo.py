@@ -291,6 +291,7 @@ def test_demo_raises_held_out_accuracy_with_grpo(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_demo_learns_on_the_llama_model_too(tmp_path):
     """`--demo --tiny_model llama3`: the same problems, rewards and GRPO on a tiny Llama with Llama 3's chat
     conventions. Greedy strict accuracy on the 256 held-out problems rises as on Qwen2 (bounds: see RISE), and every

@@ -29,7 +29,7 @@ from conftest import REWARD_NAMES, ROOT, assert_same_final_weights, offline_env,
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import evaluation, presets, runs, smoke, stopping
+from grpo_kit import evaluation, layout, presets, runs, smoke, stopping
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -62,7 +62,7 @@ def test_a_run_leaves_checkpoints_logs_and_a_trained_model(smoke_run):
     assert base.keys() == trained.keys()
     assert any(not base[name].equal(trained[name]) for name in base), "GRPO left every weight unchanged"
     assert (out / "curves.png").stat().st_size > 10_000
-    assert runs.not_written_by_a_run(out) == []  # every file a run's: a preset's next run may clear them all
+    assert layout.not_written_by_a_run(out) == []  # every file a run's: a preset's next run may clear them all
 
 
 def test_the_console_holds_the_settings_steps_verdict_and_where_things_are(smoke_run):
@@ -684,31 +684,24 @@ def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path, tiny
 # A copied and edited recipe behaves as itself
 
 
-def test_a_copied_recipe_with_think_tags_trains_evaluates_and_asks_in_its_own_format(tmp_path):
-    """A user copies grpo_demo.py to my_recipe.py and sets REASONING_TAG = "think". Its demo warm-starts the tiny
-    model on `<think>` solutions, its evaluation scores the `<think>` format, its --ask answers in it."""
+def test_a_copied_recipe_with_think_tags_trains_and_evaluates_in_its_own_format(tmp_path):
+    """A user copies grpo_demo.py to my_recipe.py and sets REASONING_TAG = "think". Its run asks for, rewards and
+    evaluates the `<think>` format (what each part does with a tag it is given: test_rewards.py, test_evaluation.py,
+    and on a real model test_real_model.py)."""
     source = (ROOT / "grpo_demo.py").read_text(encoding="utf-8")
     line = 'REASONING_TAG = "reasoning"'
     assert source.count(line) == 1
     copy = tmp_path / "my_recipe.py"
     copy.write_text(source.replace(line, 'REASONING_TAG = "think"'), encoding="utf-8")
 
-    result = run_recipe(
-        ["--demo", "--max_steps", "1", "--warmup_steps", "0", "--eval_limit", "32", "--eval_every_steps", "0"],
-        tmp_path,
-        copy,
-    )
+    result = run_recipe(["--smoke", "--max_steps", "1", "--warmup_steps", "0"], tmp_path, copy)
     assert result.returncode == 0, result.stdout[-4000:]
-    run = tmp_path / "outputs" / "demo-GRPO"
+    run = tmp_path / "outputs" / "smoke-GRPO"
     baseline = json.loads((run / "eval" / "baseline" / "summary.json").read_text())
-    completions = [json.loads(line)["completion"] for line in (run / "eval" / "baseline" / "completions.jsonl").open()]
-    assert baseline["n"] == 32
-    assert baseline["format_rate"] >= 0.9  # strict format, as the copy defines it
-    assert all(c.startswith("<think>\n") and "<reasoning>" not in c for c in completions)
-
-    asked = run_recipe(["--demo", "--model_name_or_path", str(run), "--ask", "Ava has 12 shells."], tmp_path, copy)
-    assert asked.returncode == 0, asked.stdout[-3000:]
-    assert "<think>" in asked.stdout and "<reasoning>" not in asked.stdout
+    assert baseline["tags"] == ["<think>", "</think>", "<answer>", "</answer>"]
+    assert "<think>" in baseline["first_prompt"] and "<reasoning>" not in baseline["first_prompt"]
+    record = json.loads((run / "run_record.json").read_text())
+    assert record["settings"]["run"]["reasoning_tag"] == "think"
 
     spec = importlib.util.spec_from_file_location("my_recipe", copy)
     recipe = importlib.util.module_from_spec(spec)

@@ -366,6 +366,7 @@ def wait_for(condition, process, what: str):
 
 @needs_optuna
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_study_continues_from_its_storage_and_its_best_settings_train(tmp_path):
     """Two trials complete, the search is killed (SIGKILL) during the third; the same command continues to three,
     running the killed trial's settings again; every trial trained on the rows the validation split left out."""
