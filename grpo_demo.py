@@ -322,7 +322,7 @@ ANSWER_FORMAT = answer_format()
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Settings and precision
+# Settings
 
 
 def recipe_defaults() -> dict:
@@ -340,27 +340,6 @@ def parse_settings(argv: list[str] | None = None):
     return settings.parse(argv, recipe_defaults(), REWARD_FUNCS)
 
 
-def weights_dtype(model_args, training_args) -> str:
-    """The dtype the trainer loads the weights in; `--dtype` overrides it.
-
-    Full fine-tuning on a GPU keeps fp32 weights and computes in bf16 (`bf16=True`: autocast, flash-attention):
-    AdamW updates bf16 weights in place, and at lr 5e-6 a step is far below half the bf16 spacing of a weight near
-    0.02 (6e-5), so it rounds away. Measured (benchmarks/bf16_updates.py): pure bf16 weights realise ~1/13 of the
-    fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
-    master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
-    memory: 18 bytes per parameter before activations, ~31 GiB in all for the 1.5B model (docs/memory.md).
-    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32. DeepSpeed
-    trains bf16 weights beside fp32 master copies of its own: they load in bf16 (fp32 would only cost host memory).
-    """
-    from grpo_kit.models import zero_stage
-
-    if model_args.dtype:
-        return model_args.dtype
-    if training_args.use_cpu or not training_args.bf16:
-        return "float32"
-    return "bfloat16" if model_args.use_peft or zero_stage() else "float32"
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Main: settings -> data -> trainer -> train -> save (accuracy is measured on the trainer's own model)
 
@@ -369,14 +348,10 @@ def main(argv: list[str] | None = None) -> None:
     """The recipe, from settings to a saved model. A run stopped early exits with the code that says how to go on;
     a setting, file or folder to fix raises `RecipeError` with the message that says how."""
     run, training_args, model_args = parse_settings(argv)  # first: checked, a --config's env: set, before any import
-    from trl import GRPOTrainer, get_peft_config, get_quantization_config
-
-    from grpo_kit import checks, console, data, evaluation, health, models, online, plots, presets, runs, stopping
-    from grpo_kit.patches import prepare_trained_model
-    from grpo_kit.warm_start import warm_started
+    from grpo_kit import data, evaluation, models, presets, runs, stopping
 
     tags = Tags(run.reasoning_tag, run.answer_tag)  # the format, prompt to rewards: the constants unless set
-    fmt, rewards = answer_format(tags), reward_funcs(tags)
+    fmt = answer_format(tags)
     if not (run.eval_only or run.ask):
         stopping.stop_at_once_until_training(training_args)  # a stop signal before the first step: nothing to save
         if training_args.process_index == 0:
@@ -393,12 +368,22 @@ def main(argv: list[str] | None = None) -> None:
         return evaluation.evaluate_only(measured, run, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
     train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
+    train_and_save(run, training_args, model_args, tokenizer, train, measured, fmt, reward_funcs(tags))
+
+
+def train_and_save(run, training_args, model_args, tokenizer, train, measured, fmt, rewards) -> None:
+    """GRPO on `train` with `rewards`, accuracy measured on `measured` before, during and after; the model saved."""
+    from trl import GRPOTrainer, get_peft_config, get_quantization_config
+
+    from grpo_kit import checks, console, evaluation, health, models, online, plots, runs, stopping
+    from grpo_kit.patches import prepare_trained_model
+    from grpo_kit.warm_start import warm_started
 
     # 2. trainer: it loads the model, once per process, and places it; the run record and wandb beside it. A model
     # that never writes the format gets a supervised warm start on it first (--warm_start_rows), and GRPO starts there.
     online.configure_wandb(training_args)
     checks.before_the_weights(train, run, model_args, training_args, tokenizer)  # data, positions, LoRA, disk
-    model_args.dtype = weights_dtype(model_args, training_args)
+    model_args.dtype = models.weights_dtype(model_args, training_args)  # fp32 weights for full fine-tuning
     training_args.model_init_kwargs = models.init_kwargs(model_args, training_args)  # one GPU per process
     start = model_args.model_name_or_path
     if run.warm_start_rows:

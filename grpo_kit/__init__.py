@@ -1,10 +1,13 @@
 """Machinery behind grpo_demo.py that a reader need not see to change the recipe. It never imports the recipe:
-what it needs of it (the answer format, the rewards, the defaults) is passed in. One job a module:
+what it needs of it (the answer format, the rewards and their roles, the defaults) is passed in. Its modules stand on
+floors by when their code runs, each importing only from its floor or below (docs/ARCHITECTURE.md). One job a module:
 
 - `settings`: the settings, parsed once (constants < preset < YAML < command line); `checks`: refusing, before
   anything loads, what could not run; `presets`: the offline presets' settings, and building their assets.
 - `smoke`, `demo`: the offline assets: tiny models and generated problems; the demo's warm start.
 - `data`: GSM8K-format splits, and which a run reads; `answer_format`, `numbers`: the recipe's format, exact numbers.
+- `layout`: the output folder, every path in it; `patches`: every change made to a library's objects, each naming
+  the upstream behaviour it answers.
 - `models`: this machine's GPUs and packages, the tokenizer, attention, loading; `generation`: completions.
 - `evaluation`: GSM8K accuracy before, during and after training, `--eval_only` and `--ask`; `scoring`: how an
   answer is read and counted (protocols, intervals, pass@k); `harness`: lm-evaluation-harness's own gsm8k tasks,

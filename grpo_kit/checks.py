@@ -645,6 +645,57 @@ def model_shape(config, skeleton) -> dict:
 LOGPROB_TILE = (4096, 32768)
 
 
+def _full_parts(P: float, plan: dict, moments: int) -> tuple[dict[str, float], int, float]:
+    """Full fine-tuning's parts of `memory_estimate`, the bytes of a residual activation, and (ZeRO-3) the weights
+    gathered for generation."""
+    zero, n = plan.get("zero"), max(1, plan.get("processes", 1))
+    parts: dict[str, float] = {}
+    gathered = 0.0  # ZeRO-3: the weights gathered for generation, beside the KV cache
+    if zero:
+        parts["weights (bf16)"] = 2 * P / (n if zero == "3" else 1)
+        parts["fp32 master weights"] = 4 * P / n
+        parts["gradients"] = 4 * P / n
+        parts["optimizer"] = moments * P / n
+        local = not (plan.get("server") or plan.get("vllm_share"))  # transformers generates here
+        gathered = 2 * P - 2 * P / n if zero == "3" and local and plan.get("gather", True) else 0.0
+    elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
+        parts["weights (bf16)"] = 2 * P
+        parts["gradients (bf16)"] = 2 * P
+        parts["optimizer"] = moments * P / 2
+    else:
+        parts["weights (fp32)"] = 4 * P
+        parts["gradients (fp32)"] = 4 * P
+        parts["optimizer"] = moments * P
+        parts["bf16 cast of the weights (autocast)"] = 2 * P
+    if not zero and n > 1:
+        parts["DDP gradient buckets"] = (2 if plan.get("half_weights") else 4) * P
+    if plan.get("beta"):
+        parts["reference model (bf16, KL)"] = 2 * P / (n if zero == "3" else 1)
+    residual = 2 if zero or plan.get("half_weights") else 4
+    return parts, residual, gathered
+
+
+def _adapter_parts(shape: dict, plan: dict, moments: int) -> dict[str, float]:
+    """LoRA's and QLoRA's parts of `memory_estimate`."""
+    P, L, H, mode = shape["parameters"], shape["layers"], shape["hidden"], plan["mode"]
+    n = max(1, plan.get("processes", 1))
+    parts: dict[str, float] = {}
+    per_layer = {
+        "q_proj": H + shape["heads"] * shape["head_dim"], "k_proj": H + shape["kv_heads"] * shape["head_dim"],
+        "v_proj": H + shape["kv_heads"] * shape["head_dim"], "o_proj": shape["heads"] * shape["head_dim"] + H,
+        "gate_proj": H + shape["intermediate"], "up_proj": H + shape["intermediate"],
+        "down_proj": shape["intermediate"] + H,
+    }  # fmt: skip
+    adapters = plan.get("lora_r", 16) * L * sum(per_layer.values())
+    body = P - shape["embedding"]
+    base = 0.5 * body + 2 * shape["embedding"] * 2 if mode == "qlora" else 2 * P  # 4-bit body, bf16 embeddings
+    parts["base weights (4-bit)" if mode == "qlora" else "base weights (bf16)"] = base
+    parts["adapters, gradients, optimizer"] = (4 + 4 + moments + (4 if n > 1 else 0)) * adapters
+    if plan.get("vllm_share"):
+        parts["base copy during a vLLM sync"] = 2 * body
+    return parts
+
+
 def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     """Peak GPU memory of one process in bytes, by part, for `plan`: mode ("full", "lora", "qlora"), zero (None,
     "2", "3") and processes, optim_8bit, lora_r, beta (the KL weight: a reference model above 0), batch
@@ -664,48 +715,13 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     not overlap: the peak is the larger of the KV cache (bf16) and the training's activations (checkpointed layer
     inputs, one layer's recompute, and the fused LM head's logit tiles: `LOGPROB_TILE`)."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
-    mode, zero, n = plan["mode"], plan.get("zero"), max(1, plan.get("processes", 1))
+    mode = plan["mode"]
     tokens, completion = plan["prompt"] + plan["completion"], plan["completion"]
     moments = 2 if plan.get("optim_8bit") else 8
-    parts: dict[str, float] = {}
-    gathered = 0.0  # ZeRO-3: the weights gathered for generation, beside the KV cache
     if mode == "full":
-        if zero:
-            parts["weights (bf16)"] = 2 * P / (n if zero == "3" else 1)
-            parts["fp32 master weights"] = 4 * P / n
-            parts["gradients"] = 4 * P / n
-            parts["optimizer"] = moments * P / n
-            local = not (plan.get("server") or plan.get("vllm_share"))  # transformers generates here
-            gathered = 2 * P - 2 * P / n if zero == "3" and local and plan.get("gather", True) else 0.0
-        elif plan.get("half_weights"):  # --dtype bfloat16: weights, gradients and AdamW's moments all in bf16
-            parts["weights (bf16)"] = 2 * P
-            parts["gradients (bf16)"] = 2 * P
-            parts["optimizer"] = moments * P / 2
-        else:
-            parts["weights (fp32)"] = 4 * P
-            parts["gradients (fp32)"] = 4 * P
-            parts["optimizer"] = moments * P
-            parts["bf16 cast of the weights (autocast)"] = 2 * P
-        if not zero and n > 1:
-            parts["DDP gradient buckets"] = (2 if plan.get("half_weights") else 4) * P
-        if plan.get("beta"):
-            parts["reference model (bf16, KL)"] = 2 * P / (n if zero == "3" else 1)
-        residual = 2 if zero or plan.get("half_weights") else 4
+        parts, residual, gathered = _full_parts(P, plan, moments)
     else:
-        per_layer = {
-            "q_proj": H + shape["heads"] * shape["head_dim"], "k_proj": H + shape["kv_heads"] * shape["head_dim"],
-            "v_proj": H + shape["kv_heads"] * shape["head_dim"], "o_proj": shape["heads"] * shape["head_dim"] + H,
-            "gate_proj": H + shape["intermediate"], "up_proj": H + shape["intermediate"],
-            "down_proj": shape["intermediate"] + H,
-        }  # fmt: skip
-        adapters = plan.get("lora_r", 16) * L * sum(per_layer.values())
-        body = P - shape["embedding"]
-        base = 0.5 * body + 2 * shape["embedding"] * 2 if mode == "qlora" else 2 * P  # 4-bit body, bf16 embeddings
-        parts["base weights (4-bit)" if mode == "qlora" else "base weights (bf16)"] = base
-        parts["adapters, gradients, optimizer"] = (4 + 4 + moments + (4 if n > 1 else 0)) * adapters
-        if plan.get("vllm_share"):
-            parts["base copy during a vLLM sync"] = 2 * body
-        residual = 2
+        parts, residual, gathered = _adapter_parts(shape, plan, moments), 2, 0.0
     kv_bytes = 2 + 2  # bf16 keys and values (patches.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     kv = 0 if plan.get("server") else kv  # a vLLM server generates elsewhere

@@ -88,18 +88,7 @@ def evaluate(
             shown = f"{desc}, {samples} samples"
             sampled = generate_collectively(model, tokenizer, prompts, generate_samples, shown, progress, **drawn)
     seconds = time.perf_counter() - started
-
-    def scored(g: Generation, gold: str) -> dict:
-        tokens = {"completion_tokens": g.tokens, "truncated": g.truncated}
-        return {"completion": g.text, **score(g.text, gold, answer_format, protocol), **tokens}
-
-    records = [
-        {"question": row["question"], "gold": row["answer"], **scored(g, row["answer"])}
-        for row, g in zip(rows, generations, strict=True)
-    ]
-    if sampled is not None:
-        for record, own in zip(records, sampled, strict=True):
-            record["samples"] = [scored(g, record["gold"]) for g in own]
+    records = scored_records(rows, generations, sampled, answer_format, protocol)
     summary = {
         **summarize(records),
         "protocol": protocol.name,
@@ -118,6 +107,23 @@ def evaluate(
         terms = {"seed": seed, "processes": processes, "batch_size": batch_size}  # the samples depend on all three
         summary["sampling"] = summarize_samples(records, len(sampled[0]) if sampled else samples, temperature) | terms
     return summary, records
+
+
+def scored_records(rows, generations: list[Generation], sampled, answer_format, protocol) -> list[dict]:
+    """Each question's completion with `scoring.score`'s fields and its length, and its scored `samples`."""
+
+    def scored(g: Generation, gold: str) -> dict:
+        tokens = {"completion_tokens": g.tokens, "truncated": g.truncated}
+        return {"completion": g.text, **score(g.text, gold, answer_format, protocol), **tokens}
+
+    records = [
+        {"question": row["question"], "gold": row["answer"], **scored(g, row["answer"])}
+        for row, g in zip(rows, generations, strict=True)
+    ]
+    if sampled is not None:
+        for record, own in zip(records, sampled, strict=True):
+            record["samples"] = [scored(g, record["gold"]) for g in own]
+    return records
 
 
 def too_long(tokenizer, prompts: list, max_new_tokens: int, limit: int | None) -> int | None:

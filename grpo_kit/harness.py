@@ -131,9 +131,7 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     (`model_args`)."""
     import time
 
-    from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
-    from lm_eval.tasks import TaskManager
 
     from grpo_kit.scoring import summarize
 
@@ -148,49 +146,10 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     model, model_args = lm if isinstance(lm, tuple) else (lm, None)
     tracker = EvaluationTracker(output_path=str(part / "results.json"))  # a .json path: its files beside it
     started = time.perf_counter()
-    stop = _StopAtTruncation()  # lm-eval cuts a context past the model's length and says so only in a warning
-    logging.getLogger("lm_eval.models").addHandler(stop)
-    try:
-        results = simple_evaluate(
-            model=model,
-            model_args=model_args,
-            tasks=[str(task_file)],
-            batch_size=settings["batch_size"],
-            limit=settings["limit"],
-            device=settings["device"],
-            gen_kwargs={"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] is not None else None,
-            log_samples=True,
-            evaluation_tracker=tracker,
-            task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
-            **protocol.options,
-        )
-    except _Truncated as cut:  # at its first batch: nothing of it is scored
-        shutil.rmtree(part, ignore_errors=True)  # no evaluation folder without its evaluation
-        raise RecipeError(
-            f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut}), so its "
-            "answers there are not the model's to those questions. Choose another --eval_protocols, or a model with "
-            "more positions"
-        ) from None
-    except BaseException:  # stopped, failed: nothing of it is kept
-        shutil.rmtree(part, ignore_errors=True)
-        raise
-    finally:
-        logging.getLogger("lm_eval.models").removeHandler(stop)
+    results = _simple_evaluate(model, model_args, protocol, task_file, tracker, settings, part)
     seconds = time.perf_counter() - started
-    # lm-eval's own files, written as `lm_eval --log_samples` writes them (its results, then each task's samples)
     samples = results.pop("samples")
-    tracker.save_results_aggregated(results=results, samples=samples)
-    tracker.save_results_samples(task_name=protocol.task, samples=samples[protocol.task])
-    files = {TASK_FILE: task_file}
-    for pattern, file in (("results_*.json", RESULTS_FILE), (f"samples_{protocol.task}_*.jsonl", SAMPLES_FILE)):
-        if not (written := sorted(part.glob(pattern))):
-            raise RuntimeError(f"lm-eval wrote no {pattern} in {part} (its log says why)")
-        files[file] = written[-1]
-    folder.mkdir(parents=True, exist_ok=True)
-    for file, path in files.items():
-        path.replace(folder / file)
-    task_file = folder / TASK_FILE
-    shutil.rmtree(part, ignore_errors=True)
+    task_file = _keep_files(tracker, results, samples, protocol.task, part, folder)
     samples = samples[protocol.task]
     max_gen_toks = results["configs"][protocol.task]["generation_kwargs"].get("max_gen_toks", 256)
     records = to_records(samples)
@@ -217,6 +176,59 @@ def evaluate(lm, protocol: Harness, dataset_dir, folder: Path, settings: dict, *
     if samples:
         summary["first_prompt"] = _prompt(samples[0])
     return summary, records
+
+
+def _simple_evaluate(model, model_args, protocol: Harness, task_file: Path, tracker, settings: dict, part: Path):
+    """lm-eval's `simple_evaluate` of the one task in `task_file`; where it fails or is stopped, `part` is cleared
+    (no evaluation folder without its evaluation), and one that lm-eval would cut to the model's length is refused."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    stop = _StopAtTruncation()  # lm-eval cuts a context past the model's length and says so only in a warning
+    logging.getLogger("lm_eval.models").addHandler(stop)
+    try:
+        return simple_evaluate(
+            model=model,
+            model_args=model_args,
+            tasks=[str(task_file)],
+            batch_size=settings["batch_size"],
+            limit=settings["limit"],
+            device=settings["device"],
+            gen_kwargs={"max_gen_toks": settings["max_gen_toks"]} if settings["max_gen_toks"] is not None else None,
+            log_samples=True,
+            evaluation_tracker=tracker,
+            task_manager=TaskManager(include_defaults=False),  # the task is its file: no index of lm-eval's 10k others
+            **protocol.options,
+        )
+    except _Truncated as cut:  # at its first batch: nothing of it is scored
+        shutil.rmtree(part, ignore_errors=True)  # no evaluation folder without its evaluation
+        raise RecipeError(
+            f"Cannot measure in {protocol.name}: lm-eval cut its prompts to fit the model's length ({cut}), so its "
+            "answers there are not the model's to those questions. Choose another --eval_protocols, or a model with "
+            "more positions"
+        ) from None
+    except BaseException:  # stopped, failed: nothing of it is kept
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    finally:
+        logging.getLogger("lm_eval.models").removeHandler(stop)
+
+
+def _keep_files(tracker, results: dict, samples: dict, task: str, part: Path, folder: Path) -> Path:
+    """lm-eval's own files, written as `lm_eval --log_samples` writes them (its results, then the task's samples),
+    moved with the task file from `part` into `folder`; returns the task file's place there."""
+    tracker.save_results_aggregated(results=results, samples=samples)
+    tracker.save_results_samples(task_name=task, samples=samples[task])
+    files = {TASK_FILE: part / TASK_FILE}
+    for pattern, file in (("results_*.json", RESULTS_FILE), (f"samples_{task}_*.jsonl", SAMPLES_FILE)):
+        if not (written := sorted(part.glob(pattern))):
+            raise RuntimeError(f"lm-eval wrote no {pattern} in {part} (its log says why)")
+        files[file] = written[-1]
+    folder.mkdir(parents=True, exist_ok=True)
+    for file, path in files.items():
+        path.replace(folder / file)
+    shutil.rmtree(part, ignore_errors=True)
+    return folder / TASK_FILE
 
 
 class _Truncated(Exception):

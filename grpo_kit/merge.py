@@ -19,15 +19,9 @@ logger = logging.getLogger("grpo_demo")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
-def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = None, dtype: str | None = None) -> Path:
-    """Merge the adapter into `base` (default: the adapter's) loaded unquantized in `dtype` (default: fp32); save it
-    to `output`, a new folder, with a tokenizer (the run's, else the base's)."""
-    from peft import PeftModel
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    if not str(output).strip():
-        raise RecipeError("--output is empty: name a new folder for the merged model")
-    adapter, output = Path(adapter), Path(output).expanduser()
+def checked_folders(adapter: Path, output: Path, base: str | None) -> str:
+    """The base model to merge into (`base`, else the adapter's), once the adapter is one, the output a new folder
+    that overwrites neither the base nor the adapter, and a local base is there."""
     if not (config := adapter / "adapter_config.json").is_file():
         if (adapter / "config.json").is_file():
             raise RecipeError(
@@ -55,6 +49,19 @@ def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = No
         raise RecipeError(
             f"The base model {base!r}: no such folder. Give the base the adapter was trained on with --base"
         )
+    return base
+
+
+def merge_adapter(adapter: str | Path, output: str | Path, base: str | None = None, dtype: str | None = None) -> Path:
+    """Merge the adapter into `base` (default: the adapter's) loaded unquantized in `dtype` (default: fp32); save it
+    to `output`, a new folder, with a tokenizer (the run's, else the base's)."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not str(output).strip():
+        raise RecipeError("--output is empty: name a new folder for the merged model")
+    adapter, output = Path(adapter), Path(output).expanduser()
+    base = checked_folders(adapter, output, base)
     try:
         base_config = AutoConfig.from_pretrained(base)
     except OSError as err:  # not on disk, not cached, Hub unreachable

@@ -262,6 +262,25 @@ def one_gpu(training_args) -> int | None:
     return torch.cuda.current_device()
 
 
+def weights_dtype(model_args, training_args) -> str:
+    """The dtype the trainer loads the weights in; `--dtype` overrides it.
+
+    Full fine-tuning on a GPU keeps fp32 weights and computes in bf16 (`bf16=True`: autocast, flash-attention):
+    AdamW updates bf16 weights in place, and at lr 5e-6 a step is far below half the bf16 spacing of a weight near
+    0.02 (6e-5), so it rounds away. Measured (benchmarks/bf16_updates.py): pure bf16 weights realise ~1/13 of the
+    fp32 movement, fp32 weights with bf16 autocast ~all of it. Neither transformers nor accelerate keeps an fp32
+    master copy (DeepSpeed does), so this also makes a 1-GPU or DDP run train as a ZeRO-2 run does. The cost is
+    memory: 18 bytes per parameter before activations, ~31 GiB in all for the 1.5B model (docs/memory.md).
+    LoRA and QLoRA freeze the base, so it stays in bf16 (or 4-bit) and only the adapters train, in fp32. DeepSpeed
+    trains bf16 weights beside fp32 master copies of its own: they load in bf16 (fp32 would only cost host memory).
+    """
+    if model_args.dtype:
+        return model_args.dtype
+    if training_args.use_cpu or not training_args.bf16:
+        return "float32"
+    return "bfloat16" if model_args.use_peft or zero_stage() else "float32"
+
+
 def inference_dtype(model_args, training_args) -> str:
     """bf16 on a GPU, fp32 on a CPU, unless --dtype says otherwise."""
     return model_args.dtype or ("bfloat16" if not training_args.use_cpu and cuda_available() else "float32")

@@ -332,45 +332,36 @@ FIXED_ON_RESUME = {
 }  # fmt: skip
 
 
-def resume(values: dict) -> str | None:
-    """The checkpoint a run resumes from: `latest` resolved to the newest complete one (saying which newer ones are
-    incomplete), None for a fresh start; refused when the run's fixed settings differ from its start's."""
-    path = asked = values["resume_from_checkpoint"]
-    if asked in RESUME_LATEST:
-        folders = layout.checkpoints(output_dir := values["output_dir"])
-        missing = [missing_parts(folder) for folder in folders]
-        newest = max((i for i, parts in enumerate(missing) if not parts), default=-1)  # the newest complete one
-        path = str(folders[newest]) if newest >= 0 else None
-        for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
-            logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
-        model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == layout.MODEL_ONLY_PARTS]
-        continued = (layout.read_record(output_dir) or {}).get("continues")
-        if path is None and continued and trains(values):  # a run continued from another folder, stopped before it
-            path = continued  # saved a checkpoint of its own: from the one it continues, again
-            logger.info("--resume_from_checkpoint %s: no checkpoint in %s yet: from %s, which it continues", asked,
-                        output_dir, continued)  # fmt: skip
-        if path is None and model_only and trains(values):  # a retry on a stop under --save_only_model
-            raise RecipeError(
-                f"--resume_from_checkpoint {asked}: {model_only[-1]} holds the model alone (--save_only_model true "
-                "saved no optimizer state): no run resumes from it, and a new run here would write over it. Start a "
-                f"new run from its weights: --model_name_or_path {model_only[-1]} --output_dir <another folder>"
-            )
-        if path is None:
-            logger.warning(
-                "--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir
-            )
-    if not (path and trains(values)):
-        return path
-    step, end = layout.step_and_end(path, values["max_steps"])
-    if 0 < end <= step and finished(Path(path).parent, step):
+def latest(values: dict) -> str | None:
+    """`--resume_from_checkpoint latest`: the newest complete checkpoint (saying which newer ones are incomplete);
+    for a run continued from another folder that saved none yet, the one it continues; None for a fresh start."""
+    asked = values["resume_from_checkpoint"]
+    folders = layout.checkpoints(output_dir := values["output_dir"])
+    missing = [missing_parts(folder) for folder in folders]
+    newest = max((i for i, parts in enumerate(missing) if not parts), default=-1)  # the newest complete one
+    path = str(folders[newest]) if newest >= 0 else None
+    for folder, parts in list(zip(folders, missing, strict=True))[newest + 1 :]:
+        logger.warning("Skipping %s: incomplete, without %s", folder, ", ".join(parts))
+    model_only = [f for f, parts in zip(folders, missing, strict=True) if parts == layout.MODEL_ONLY_PARTS]
+    continued = (layout.read_record(output_dir) or {}).get("continues")
+    if path is None and continued and trains(values):  # a run continued from another folder, stopped before it
+        path = continued  # saved a checkpoint of its own: from the one it continues, again
+        logger.info("--resume_from_checkpoint %s: no checkpoint in %s yet: from %s, which it continues", asked,
+                    output_dir, continued)  # fmt: skip
+    if path is None and model_only and trains(values):  # a retry on a stop under --save_only_model
         raise RecipeError(
-            f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
-            "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+            f"--resume_from_checkpoint {asked}: {model_only[-1]} holds the model alone (--save_only_model true "
+            "saved no optimizer state): no run resumes from it, and a new run here would write over it. Start a "
+            f"new run from its weights: --model_name_or_path {model_only[-1]} --output_dir <another folder>"
         )
-    if 0 < end <= step:  # stopped in or after the final evaluation, before the model was saved
-        logger.warning(
-            "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
-        )
+    if path is None:
+        logger.warning("--resume_from_checkpoint %s: no complete checkpoint in %s: starting afresh", asked, output_dir)
+    return path
+
+
+def changed_settings(path: str, values: dict) -> tuple[list[str], str]:
+    """`name: was -> now` for each setting fixed on resume that `values` changes from the run's record (a copied
+    checkpoint's own state where there is none), and how they were read."""
     record, changed = layout.read_record(Path(path).parent), []  # the run the checkpoint belongs to
     held = "" if record else " (as the checkpoint's optimizer, scheduler and trainer state hold them)"
     record = record or {"settings": {"training": checkpoint_settings(path)}}  # a checkpoint copied on its own
@@ -386,6 +377,28 @@ def resume(values: dict) -> str | None:
                 isinstance(old, list) and isinstance(new, list) and sorted(map(str, old)) == sorted(map(str, new))
             ):
                 changed.append(f"{name}: {old} -> {new}")
+    return changed, held
+
+
+def resume(values: dict) -> str | None:
+    """The checkpoint a run resumes from: `latest` resolved to the newest complete one (saying which newer ones are
+    incomplete), None for a fresh start; refused when the run's fixed settings differ from its start's."""
+    path = asked = values["resume_from_checkpoint"]
+    if asked in RESUME_LATEST:
+        path = latest(values)
+    if not (path and trains(values)):
+        return path
+    step, end = layout.step_and_end(path, values["max_steps"])
+    if 0 < end <= step and finished(Path(path).parent, step):
+        raise RecipeError(
+            f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
+            "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+        )
+    if 0 < end <= step:  # stopped in or after the final evaluation, before the model was saved
+        logger.warning(
+            "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
+        )
+    changed, held = changed_settings(path, values)
     if changed:
         listed = "\n".join(f"  - {change}" for change in changed)
         if not values["allow_changed_settings"]:

@@ -77,23 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         recipe_args = [] if torch.cuda.is_available() else ["--demo"]  # on a CPU, the demo: minutes, not days
     args.recipe_args = recipe_args
-    # As the recipe reads them: `--final_eval=false` names final_eval too; a name it does not know (an abbreviation:
-    # the recipe takes none) is refused now, not by every trial
-    unknown: list[str] = []
-    try:
-        rest, in_file, config = settings.read_config(recipe_args, apply_env=False)
-        given = settings.given_on_command_line(rest, unknown)
-        unknown += [
-            f"{key} (in {config})" for key in settings.yaml_arguments(settings._parser(config), in_file, config)[2]
-        ]
-    except RecipeError as err:  # a value of the wrong type: said with the recipe's --help, not the search's
-        message = str(err).split(". python ")[0].removeprefix("Invalid setting: ").rstrip(".")
-        parser.error(f"the recipe settings after --: {message}; python {args.recipe} --help lists them")
-    if unknown:
-        parser.error(f"the recipe settings after --: unknown {public(unknown)}; python {args.recipe} --help lists them")
-    for name in SEARCH_OWN:
-        if name in given:
-            parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")
+    given = recipe_settings(parser, args.recipe, recipe_args)
     if args.validation_rows is None:
         args.validation_rows = 256 if given.get("demo") else 500
     if not re.fullmatch(r"[\w.-]+", args.study) or set(args.study) == {"."}:  # it names a folder, and trials' runs
@@ -113,6 +97,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if where.resolve() != args.folder.resolve() and not where.is_dir():  # the search makes its own folder, no other
             parser.error(f"--storage {args.storage}: no folder {where} for the database: make it, or fix the path")
     return args
+
+
+def recipe_settings(parser, recipe: Path, recipe_args: list[str]) -> dict:
+    """The recipe settings given after `--`, as the recipe reads them: `--final_eval=false` names final_eval too; a
+    name it does not know (an abbreviation: the recipe takes none) is refused now, not by every trial; one the search
+    sets for each trial is refused."""
+    unknown: list[str] = []
+    try:
+        rest, in_file, config = settings.read_config(recipe_args, apply_env=False)
+        given = settings.given_on_command_line(rest, unknown)
+        unknown += [
+            f"{key} (in {config})" for key in settings.yaml_arguments(settings._parser(config), in_file, config)[2]
+        ]
+    except RecipeError as err:  # a value of the wrong type: said with the recipe's --help, not the search's
+        message = str(err).split(". python ")[0].removeprefix("Invalid setting: ").rstrip(".")
+        parser.error(f"the recipe settings after --: {message}; python {recipe} --help lists them")
+    if unknown:
+        parser.error(f"the recipe settings after --: unknown {public(unknown)}; python {recipe} --help lists them")
+    for name in SEARCH_OWN:
+        if name in given:
+            parser.error(f"--{name} is the search's to set for each trial: leave it out of the recipe settings")
+    return given
 
 
 def range_problems(args) -> list[str]:
@@ -157,8 +163,6 @@ def open_study(args, optuna, names: list[str]):
     """(study, storage): the study, created if new (then with the recipe's own weights, all 1, as its first trial),
     or loaded, refusing to go on with other terms (what makes trials comparable) than it started with. The storage
     has heartbeats (a silent worker's trial is failed and run again); SQLite's, a long lock timeout."""
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
     sampler = optuna.samplers.TPESampler(seed=args.sampler_seed)
     same = ("recipe_args", "validation_rows", "weights", "learning_rate", "temperature")
     own = {"rewards": names, **{name: getattr(args, name) for name in same}}
@@ -172,22 +176,7 @@ def open_study(args, optuna, names: list[str]):
             import fcntl
 
             fcntl.flock(lock, fcntl.LOCK_EX)
-        for attempt in range(5):
-            try:
-                storage = optuna.storages.RDBStorage(args.storage, heartbeat_stale_trial_callback=run_again, **kwargs)
-                break
-            except ImportError as error:  # a database whose driver is not installed (PostgreSQL: psycopg2)
-                driver = getattr(error.__cause__, "name", None) or "its database driver"
-                package = DRIVERS.get(driver, driver)
-                raise RecipeError(
-                    f"--storage {args.storage}: needs {driver}, which is not installed: pip install {package}"
-                ) from None
-            except ArgumentError as error:  # not a database URL this machine can open: no retry will change that
-                raise RecipeError(f"--storage {args.storage}: {error} (an Optuna URL: sqlite:///study.db)") from None
-            except SQLAlchemyError as error:  # another worker creating the tables now: they exist once it is done
-                if attempt == 4:
-                    raise RecipeError(f"--storage {args.storage}: cannot be opened ({error})") from error
-                time.sleep(1 + attempt)
+        storage = open_storage(args.storage, optuna, kwargs)
         try:
             study = optuna.create_study(study_name=args.study, storage=storage, sampler=sampler, direction="maximize")
         except optuna.exceptions.DuplicatedStudyError:  # another worker made it, or an earlier run of this command
@@ -216,6 +205,29 @@ def open_study(args, optuna, names: list[str]):
             f"compare: {changed} (started with, now). Run it with the same, or name another --study"
         )
     return study, storage
+
+
+def open_storage(url: str, optuna, kwargs: dict):
+    """Optuna's database at `url`, retried while another worker creates its tables; what no retry changes (a driver
+    not installed, not a database URL) said at once."""
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_stale_trial_callback=run_again, **kwargs)
+        except ImportError as error:  # a database whose driver is not installed (PostgreSQL: psycopg2)
+            driver = getattr(error.__cause__, "name", None) or "its database driver"
+            package = DRIVERS.get(driver, driver)
+            raise RecipeError(
+                f"--storage {url}: needs {driver}, which is not installed: pip install {package}"
+            ) from None
+        except ArgumentError as error:  # not a database URL this machine can open: no retry will change that
+            raise RecipeError(f"--storage {url}: {error} (an Optuna URL: sqlite:///study.db)") from None
+        except SQLAlchemyError as error:  # another worker creating the tables now: they exist once it is done
+            if attempt == 4:
+                raise RecipeError(f"--storage {url}: cannot be opened ({error})") from error
+            time.sleep(1 + attempt)
+    raise AssertionError("unreachable: the last attempt raises")
 
 
 def enqueue_default(study, names: list[str]) -> None:

@@ -319,6 +319,20 @@ def short_help(parser) -> str:
     return "\n".join(lines)
 
 
+def answer_help(parser, argv: list[str]) -> list[str]:
+    """`--help`: the short help, then exit; `--help-all`: left to argparse (every field, TRL's and transformers'
+    texts) as its `--help`."""
+    if "--help-all" in argv:
+        return ["--help" if arg == "--help-all" else arg for arg in argv]
+    if "-h" in argv or "--help" in argv:
+        try:
+            print(short_help(parser), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has its lines and closed the pipe (argparse's own way)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and exit's flush finds no pipe either
+        sys.exit(0)
+    return argv
+
+
 def given_on_command_line(argv: list[str], unknown: list | None = None) -> dict:
     """The settings the command line names, typed (values for everything else are left out); what it does not know
     (a misspelt or abbreviated name, and what follows it) is added to `unknown`."""
@@ -330,25 +344,11 @@ def given_on_command_line(argv: list[str], unknown: list | None = None) -> dict:
     return vars(given)
 
 
-def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
-    """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
-    order, checked: stops with one line per problem before anything is loaded."""
-    logging.basicConfig(  # info from the main process, warnings only from the others; above the progress bar
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
-        handlers=[console.TqdmHandler()],
-    )
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # A byte that is not UTF-8 reaches Python's argv as a lone surrogate (surrogateescape): named as bytes.
-    if bad := [arg for arg in argv if re.search(r"[\ud800-\udfff]", arg)]:
-        raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
-    argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
+def machine_defaults(recipe_defaults: dict, chosen: dict, preset: str | None, config: Path | None) -> dict:
+    """The recipe's defaults with this machine's precision, the preset's settings, and the output folder and run name
+    of the model chosen (wherever it was chosen; a preset names its own)."""
     import torch
 
-    console.quiet_libraries()
-
-    chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
-    preset = presets.chosen(chosen)
     cuda = torch.cuda.is_available()
     native_bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)  # Ampere or newer
     defaults = {
@@ -365,20 +365,47 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
-    # The output folder and run name follow the model, wherever it was chosen (a preset names its own).
-    defaults = {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
+    return {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
+
+
+def beside_the_model(values: dict, own: dict) -> str:
+    """Where `--eval_only` writes when no --output_dir is given: beside the model it measures, a run's checkpoint's in
+    the run's folder (eval/checkpoint-N), not inside the checkpoint, which the run's rotation deletes."""
+    model_dir = Path(values["model_name_or_path"]).expanduser()
+    if not model_dir.is_dir() or values["model_name_or_path"] in own.get("model_name_or_path", ()):
+        return values["output_dir"]
+    run = layout.run_of(model_dir)
+    in_a_run = (
+        run != model_dir
+        and layout.path(model_dir, layout.STATE).is_file()
+        and layout.path(run, layout.RECORD).is_file()
+    )
+    return str(run if in_a_run else model_dir)
+
+
+def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
+    """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
+    order, checked: stops with one line per problem before anything is loaded."""
+    logging.basicConfig(  # info from the main process, warnings only from the others; above the progress bar
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+        handlers=[console.TqdmHandler()],
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A byte that is not UTF-8 reaches Python's argv as a lone surrogate (surrogateescape): named as bytes.
+    if bad := [arg for arg in argv if re.search(r"[\ud800-\udfff]", arg)]:
+        raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
+    argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
+    console.quiet_libraries()
+
+    chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
+    preset = presets.chosen(chosen)
+    defaults = machine_defaults(recipe_defaults, chosen, preset, config)
 
     parser = _parser(config)
     tokens, direct, unknown = yaml_arguments(parser, yaml_values, config)  # typed like the command line's
     parser.set_defaults(**{**defaults, **direct})
-    if "--help-all" in argv:  # argparse's own: every field, TRL's and transformers' texts
-        argv = ["--help" if arg == "--help-all" else arg for arg in argv]
-    elif "-h" in argv or "--help" in argv:
-        try:
-            print(short_help(parser), flush=True)
-        except BrokenPipeError:  # `--help | head`: the reader has its lines and closed the pipe (argparse's own way)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and exit's flush finds no pipe either
-        sys.exit(0)
+    argv = answer_help(parser, argv)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     if config and {"compute_environment", "distributed_type"} <= set(unknown):  # configs/zero3.yaml, ddp.yaml...
         rest = shlex.join(argv)  # the command line but --config FILE
@@ -403,18 +430,8 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
             f"the start model (no trained one in {values['output_dir']} yet: --{preset} trains it there)",
         )  # fmt: skip
     own = presets.owned(preset, values)
-    model_dir = Path(values["model_name_or_path"]).expanduser()
-    own_model = values["model_name_or_path"] in own.get("model_name_or_path", ())
-    if values["eval_only"] and "output_dir" not in chosen and model_dir.is_dir() and not own_model:
-        # an evaluation lands beside the model it measured; a run's checkpoint's in the run's folder
-        # (eval/checkpoint-N), not inside the checkpoint, which the run's rotation deletes
-        run = layout.run_of(model_dir)
-        in_a_run = (
-            run != model_dir
-            and layout.path(model_dir, layout.STATE).is_file()
-            and layout.path(run, layout.RECORD).is_file()
-        )
-        values["output_dir"] = str(run if in_a_run else model_dir)
+    if values["eval_only"] and "output_dir" not in chosen:
+        values["output_dir"] = beside_the_model(values, own)
     if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):
         raise RecipeError("Invalid settings:", found)
     for warning in checks.warnings(values):

@@ -61,6 +61,22 @@ def examples(train, n: int, seed: int, answer_format, tokenizer=None, max_tokens
     return Dataset.from_dict({"prompt": [train[i]["prompt"] for i in drawn], "completion": answer})
 
 
+def stamp(data, run, training_args, model_args, processes: int) -> dict:
+    """What makes a warm start: kept beside it, and a warm start of the same stamp is reused."""
+    return {
+        "model": model_args.model_name_or_path,
+        "revision": model_args.model_revision,
+        "rows": run.warm_start_rows,
+        "learning_rate": run.warm_start_learning_rate,
+        "seed": training_args.seed,
+        "dtype": full_fine_tuning_dtype(model_args),
+        "bf16": training_args.bf16,
+        "processes": processes,
+        "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
+        "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
+    }
+
+
 def warm_started(train, run, training_args, model_args, answer_format, tokenizer) -> str:
     """The folder GRPO starts from: the warm-started model, built unless its folder holds what these settings make
     (its stamp); on a resume, see the module docstring. Every process trains (SFTTrainer shares the work as
@@ -70,23 +86,11 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     from accelerate import PartialState
 
     state = PartialState()
-    folder = layout.path(
-        training_args.output_dir, layout.WARM_START
-    ).resolve()  # an adapter names its base by this path
+    # an adapter names its base by this path
+    folder = layout.path(training_args.output_dir, layout.WARM_START).resolve()
     length = training_args.max_completion_length
     data = examples(train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, length)
-    made_with = {
-        "model": model_args.model_name_or_path,
-        "revision": model_args.model_revision,
-        "rows": run.warm_start_rows,
-        "learning_rate": run.warm_start_learning_rate,
-        "seed": training_args.seed,
-        "dtype": full_fine_tuning_dtype(model_args),
-        "bf16": training_args.bf16,
-        "processes": state.num_processes,
-        "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
-        "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
-    }
+    made_with = stamp(data, run, training_args, model_args, state.num_processes)
     if read_json(layout.path(folder, layout.WARM_START_STAMP)) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
         return str(folder)
@@ -128,7 +132,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
 
 
 def full_fine_tuning_dtype(model_args) -> str:
-    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (the recipe's `weights_dtype`:
+    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (`models.weights_dtype`:
     fp32, bf16 autocast on a GPU); for a LoRA run, whose frozen base is stored in bf16 on a GPU, fp32, as full
     fine-tuning keeps it (bf16 weights lose most of AdamW's small updates)."""
     return "float32" if model_args.use_peft else model_args.dtype

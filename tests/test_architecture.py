@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, offline_env
 
 
@@ -20,6 +21,7 @@ def python(code: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # the recipe and every module in a subprocess
 def test_the_package_and_each_of_its_modules_import_without_the_recipe(tmp_path):
     code = (
         "import importlib, pkgutil, sys, grpo_kit\n"
@@ -44,6 +46,7 @@ def test_importing_the_recipe_touches_no_heavy_library(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow  # the recipe and every module in a subprocess
 def test_running_the_recipe_loads_it_once(tmp_path):
     """`python grpo_demo.py` runs the file as __main__; nothing imports it a second time as `grpo_demo`."""
     result = python("", tmp_path, "-X", "importtime", str(ROOT / "grpo_demo.py"), "--help")
@@ -100,6 +103,7 @@ def test_every_import_goes_down_a_floor_or_stays_on_it():
     for name, path in modules.items():
         kit, packages = imports(path)
         up += [f"{name} -> {dep}" for dep in kit - {name} if FLOORS[dep] > FLOORS[name]]
+        assert "grpo_demo" not in packages, f"{name} imports the recipe"
         if FLOORS[name] == 0:
             assert not packages & set(HEAVY), f"{name} is pure code and imports {packages & set(HEAVY)}"
     assert not up, up
@@ -131,3 +135,15 @@ def test_only_the_layout_names_the_files_of_a_run():
         if name in path.read_text()
     ]
     assert not found, found
+
+
+def test_the_architecture_page_draws_the_floors_the_code_has():
+    """docs/ARCHITECTURE.md's drawing: each floor's line names exactly its modules."""
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    drawn = {}
+    for line in page.split("```")[1].splitlines():
+        if line[:3].strip().isdigit():
+            floor = int(line[:3])
+            words = line.replace("·", " ").replace("(", " ").replace(")", " ").split()
+            drawn |= {w: floor for w in words if w in FLOORS}
+    assert drawn == {name: floor for name, floor in FLOORS.items() if floor < 5}  # the entry points: above

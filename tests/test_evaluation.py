@@ -276,6 +276,7 @@ def test_an_evaluation_in_other_tags_is_written_beside_and_not_compared(tiny_dir
     assert "baseline-chat-2" not in {p.name for p in (out / "eval").iterdir()}
 
 
+@pytest.mark.slow  # the recipe trains, in-process
 def test_a_run_stopped_in_its_final_evaluation_resumes_to_it_and_saves_its_model(tmp_path, monkeypatch, caplog):
     """Ctrl-C twice in the final evaluation (after the last step): no model, the last step's checkpoint. The hint
     said then, `--resume_from_checkpoint latest`, does the final evaluation and saves the model, with no step more;
@@ -396,6 +397,7 @@ def smoke_run(tmp_path_factory):
     return folder, loads
 
 
+@pytest.mark.slow  # the recipe trains, in-process
 def test_a_training_run_loads_one_model(smoke_run):
     _, loads = smoke_run
     assert loads == ["outputs/smoke-assets/tiny-qwen2"]  # the trainer's; the evaluations use it too
@@ -428,6 +430,7 @@ def test_baseline_and_final_evaluate_the_start_and_the_trained_model(smoke_run):
     assert [e["step"] for e in rewards] == [1, 2, 3, 4]  # the rewards still log in their own entries
 
 
+@pytest.mark.slow  # the recipe trains, in-process
 def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run, capsys):
     folder, _ = smoke_run
     evaluations = folder / "outputs" / "smoke-GRPO" / "eval"
@@ -457,6 +460,7 @@ def test_a_training_run_measures_every_protocol_asked_before_and_after(smoke_run
     )
 
 
+@pytest.mark.slow  # the recipe trains, in-process
 def test_eval_only_and_ask_use_the_saved_model(smoke_run, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -626,3 +630,23 @@ def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_p
     summary["questions_sha256"] = scoring.questions_fingerprint(rows)  # the same rows: measured
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
     evaluation.same_held_out_rows(str(run / "checkpoint-4"), settings, rows, summary["questions_sha256"])
+
+
+ROWS = [("What is 2 + 2?", "4"), ("And 3 + 3?", "6")]
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (ROWS, True),  # the same questions and golds, in order
+        ([("What is 2 + 2?", "4"), ("And 3 + 3?", "7")], False),  # a gold answer changed
+        (ROWS[::-1], False),  # another order
+        (ROWS[:1], False),  # fewer rows
+        ([("What is 2 + 2? ", "4"), ("And 3 + 3?", "6")], False),  # a question's text changed
+    ],
+)
+def test_two_evaluations_compare_only_on_the_same_rows(other, same):
+    """The one row fingerprint, as an evaluation's summary (`questions_sha256`) and lm-eval's bridge compute it."""
+    as_rows = lambda pairs: [{"question": q, "answer": a} for q, a in pairs]  # noqa: E731
+    assert (scoring.questions_fingerprint(as_rows(other)) == scoring.questions_fingerprint(as_rows(ROWS))) == same
+    assert scoring.questions_fingerprint(as_rows(other)) == scoring.fingerprint(other)  # the harness's, the same

@@ -306,10 +306,10 @@ def test_the_kl_reference_computes_in_bf16_and_deepspeed_loads_bf16(fake_cuda, m
     trainer = SimpleNamespace(ref_model=ref, is_deepspeed_enabled=False, args=SimpleNamespace(bf16=True))
     assert patches.reference_in_bf16(trainer) and ref.weight.dtype == torch.bfloat16
     v = resolved([])
-    assert grpo_demo.weights_dtype(v, v) == "float32"
+    assert models.weights_dtype(v, v) == "float32"
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
-    assert grpo_demo.weights_dtype(v, v) == "bfloat16"  # DeepSpeed keeps fp32 master weights of its own
+    assert models.weights_dtype(v, v) == "bfloat16"  # DeepSpeed keeps fp32 master weights of its own
 
 
 def test_docs_name_the_memory_table():

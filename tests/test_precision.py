@@ -31,20 +31,20 @@ def resolved(argv: list[str]) -> SimpleNamespace:
 def test_on_cuda_weights_are_fp32_for_full_fine_tuning_and_bf16_under_adapters(fake_cuda, extra, dtype):
     chosen = resolved(extra)
     assert (chosen.bf16, chosen.use_cpu) == (True, False)  # bf16 compute: autocast
-    assert grpo_demo.weights_dtype(chosen, chosen) == dtype
+    assert models.weights_dtype(chosen, chosen) == dtype
 
 
 def test_on_cpu_everything_is_fp32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, args, model_args = grpo_demo.parse_settings(["--use_peft"])
     assert (args.bf16, args.use_cpu) == (False, True)
-    assert grpo_demo.weights_dtype(model_args, args) == "float32"
+    assert models.weights_dtype(model_args, args) == "float32"
 
 
 def test_an_explicit_dtype_wins_and_pure_bf16_full_fine_tuning_is_warned_about(fake_cuda, caplog):
     with caplog.at_level("WARNING", logger="grpo_demo"):
         chosen = resolved(["--dtype", "bfloat16"])
-    assert grpo_demo.weights_dtype(chosen, chosen) == "bfloat16"
+    assert models.weights_dtype(chosen, chosen) == "bfloat16"
     assert "dtype=bfloat16 with full fine-tuning: AdamW updates bfloat16 weights in place" in caplog.text
 
 
@@ -116,9 +116,10 @@ def gpu_precision(lora: bool) -> tuple[str, bool]:
     with pytest.MonkeyPatch.context() as patch:
         pretend_cuda(patch)
         chosen = resolved(["--use_peft"] if lora else [])
-        return grpo_demo.weights_dtype(chosen, chosen), chosen.bf16
+        return models.weights_dtype(chosen, chosen), chosen.bf16
 
 
+@pytest.mark.slow  # GRPO steps, in-process
 @pytest.mark.parametrize("lora", [False, True], ids=["full fine-tuning", "LoRA"])
 def test_the_gpu_precision_realises_the_fp32_update_and_pure_bf16_does_not(tiny_dir, gsm8k_dir, tmp_path, lora):
     dtype, bf16 = gpu_precision(lora)  # the recipe's choice on CUDA, trained on the CPU (bf16 autocast runs there)

@@ -16,7 +16,7 @@ import torch
 from conftest import ROOT, offline_env, refused, resolved
 
 import grpo_demo
-from grpo_kit import RecipeError, checks, evaluation, runs, settings
+from grpo_kit import RecipeError, checks, evaluation, models, runs, settings
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -960,7 +960,7 @@ def test_continuous_batching_on_bf16_weights_is_allowed(gpu_extras):
 def test_fp16_on_a_gpu_replaces_the_bf16_default(fake_cuda):
     chosen = resolved(["--fp16", "true"])
     assert (chosen.fp16, chosen.bf16) == (True, False)
-    assert grpo_demo.weights_dtype(chosen, chosen) == "float32"  # fp32 weights, fp16 autocast
+    assert models.weights_dtype(chosen, chosen) == "float32"  # fp32 weights, fp16 autocast
 
 
 def test_a_gpu_without_native_bf16_computes_in_fp32_and_says_so(fake_cuda, monkeypatch, caplog):
@@ -1026,7 +1026,7 @@ def test_cpu_runs_sdpa_in_fp32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, args, model_args = grpo_demo.parse_settings([])
     assert (args.bf16, args.use_cpu, model_args.attn_implementation) == (False, True, "sdpa")
-    assert grpo_demo.weights_dtype(model_args, args) == "float32"
+    assert models.weights_dtype(model_args, args) == "float32"
 
 
 def test_cuda_with_flash_attn_runs_flash_attention(fake_cuda, caplog):

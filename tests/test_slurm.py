@@ -181,6 +181,7 @@ def train_command(
 RECIPE = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]  # 64 completions per step
 
 
+@pytest.mark.slow  # the recipe resolves its settings in a subprocess
 @pytest.mark.parametrize(
     ("nodes", "args", "env", "gpus", "config", "model", "port", "parallel", "length"),
     [
@@ -667,6 +668,7 @@ def test_the_training_exit_status_survives_a_signal_that_lands_as_the_training_e
         assert batch.returncode == 1, (attempt, stdout, stderr)
 
 
+@pytest.mark.slow  # the recipe resolves its settings in a subprocess
 def test_vllm_serves_the_model_a_config_file_names_and_a_requeue_with_checkpoints_resolves(tmp_path, stubs):
     """The length cap and the model are read from the settings the training gets: a --config file's model is the
     one served, and a requeued run's folder, which holds checkpoints, is resumed (not refused as another run's)."""
