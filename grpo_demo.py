@@ -365,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     load = partial(get_gsm8k_questions, dataset_dir=run.dataset, strict=run.strict_data, tags=tags)
     train, measured = data.splits(run, load)
     if run.eval_only:
-        return evaluation.evaluate_only(measured, run, training_args, model_args, fmt)
+        plan = evaluation.measurement_plan(run, training_args, fmt, training=False)
+        return evaluation.evaluate_only(measured, plan, training_args, model_args, fmt)
     tokenizer = models.load_tokenizer(model_args, training_args)
     train = drop_long_prompts(train, tokenizer, run.max_prompt_tokens)
     train_and_save(run, training_args, model_args, tokenizer, train, measured, fmt, reward_funcs(tags))
@@ -398,7 +399,8 @@ def train_and_save(run, training_args, model_args, tokenizer, train, measured, f
         quantization_config=get_quantization_config(model_args),  # None unless --load_in_4bit / --load_in_8bit
     )
     prepare_trained_model(trainer)  # fp32 adapters, a base vLLM's syncs keep, rollouts cast once
-    accuracy = evaluation.callback(trainer, measured, run, fmt)  # before, during and after training
+    plan = evaluation.measurement_plan(run, training_args, fmt, training=True)
+    accuracy = evaluation.callback(trainer, measured, plan, fmt)  # before, during and after training
     trainer.add_callback(accuracy)
     watcher = health.watch(trainer, run.health_checks_off, REWARD_ROLES, accuracy.measured)  # said as they happen
     console.install(trainer, watcher.watcher.correct, run.show_completions)  # one bar, a line per logged step

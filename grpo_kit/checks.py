@@ -616,7 +616,6 @@ def _size(nbytes: float) -> str:
 
 
 # ---------------------------------------------- The memory plan ---------------------------------------------------
-LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 EIGHT_BIT = "paged_adamw_8bit"
 
 

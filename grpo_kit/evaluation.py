@@ -11,6 +11,7 @@ import gc
 import logging
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -319,6 +320,40 @@ class AccuracyCallback(TrainerCallback):
                 compare(args.output_dir, protocol.name)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a run measures, built once from its settings (`measurement_plan`); the evaluation reads this alone."""
+
+    protocols: tuple = ()  # built: the recipe's own (`scoring.Protocol`) and lm-eval's tasks (`harness.Harness`)
+    split: dict = field(default_factory=lambda: {"split": "test"})  # the rows measured, as summaries record them
+    dataset: str | None = None  # the GSM8K folder (lm-eval's tasks read it too); None: the Hub's
+    limit: int | None = None  # the first N rows
+    max_prompt_tokens: int = 256  # rows whose prompt is longer are dropped, as train rows are
+    batch_size: int = 64
+    sampling: dict = field(default_factory=dict)  # samples, temperature, seed: pass@k and maj@k; empty: greedy alone
+    before_and_after: bool = True  # a training run's baseline and final evaluations
+    every_steps: int = 0  # a training run's accuracy on `subset` rows every N steps
+    subset: int = 0
+    harness: dict = field(default_factory=dict)  # lm-eval's settings (`harness.run_settings`)
+
+
+def measurement_plan(run, training_args, answer_format, *, training: bool) -> Plan:
+    """The evaluation settings of `run` (RunArguments) and `training_args`, as one `Plan`."""
+    return Plan(
+        protocols=tuple(protocols(run, answer_format, training=training)),
+        split=split_terms(run),
+        dataset=run.dataset,
+        limit=run.eval_limit,
+        max_prompt_tokens=run.max_prompt_tokens,
+        batch_size=run.eval_batch_size,
+        sampling=sampling(run, training_args),
+        before_and_after=run.final_eval,
+        every_steps=run.eval_every_steps,
+        subset=run.eval_subset,
+        harness=harness.run_settings(run),
+    )
+
+
 def protocols(run, answer_format, *, training: bool) -> list:
     """The protocols `run.eval_protocols` names (a training run's always the recipe's first), built: the recipe's
     own (`scoring.Protocol`) and lm-eval's tasks (`harness.Harness`)."""
@@ -340,30 +375,30 @@ def split_terms(run) -> dict:
     return {"split": run.eval_split, **validation}
 
 
-def callback(trainer, test_rows, run, answer_format) -> AccuracyCallback:
-    """The accuracy measurements a training run's settings ask for (none when `test_rows` is None); rows whose
-    prompt is over --max_prompt_tokens are dropped, as train rows are."""
-    tokenizer, limit = trainer.processing_class, run.max_prompt_tokens
-    measured = None if test_rows is None else drop_long_prompts(test_rows, tokenizer, limit, run.eval_split)
-    asked = protocols(run, answer_format, training=True) if test_rows else ()
+def callback(trainer, test_rows, plan: Plan, answer_format) -> AccuracyCallback:
+    """The accuracy measurements a training run's plan asks for (none when `test_rows` is None); rows whose prompt
+    is over --max_prompt_tokens are dropped, as train rows are."""
+    tokenizer, split = trainer.processing_class, plan.split["split"]
+    measured = None if test_rows is None else drop_long_prompts(test_rows, tokenizer, plan.max_prompt_tokens, split)
+    asked = plan.protocols if test_rows else ()
     ours = [p for p in asked if not isinstance(p, harness.Harness)]  # lm-eval's tasks: lm-eval's own prompts
-    if measured is not None and run.final_eval:  # before the first step, not after the last
-        rows = list(islice(measured, run.eval_limit))
+    if measured is not None and plan.before_and_after:  # before the first step, not after the last
+        rows = list(islice(measured, plan.limit))
         fit_positions(trainer.model, tokenizer, ours, rows, trainer.args.max_completion_length)
     return AccuracyCallback(
         trainer,
         measured,
         answer_format,
-        before_and_after=run.final_eval and test_rows is not None,
-        every_steps=run.eval_every_steps if test_rows is not None else 0,
-        subset=run.eval_subset,
-        batch_size=run.eval_batch_size,
-        limit=run.eval_limit,
+        before_and_after=plan.before_and_after and test_rows is not None,
+        every_steps=plan.every_steps if test_rows is not None else 0,
+        subset=plan.subset,
+        batch_size=plan.batch_size,
+        limit=plan.limit,
         protocols=asked,
-        sampling=sampling(run, trainer.args),
-        split=split_terms(run),
-        dataset=run.dataset,
-        harness_settings=harness.run_settings(run),
+        sampling=plan.sampling,
+        split=plan.split,
+        dataset=plan.dataset,
+        harness_settings=plan.harness,
     )
 
 
@@ -376,7 +411,7 @@ def ask(question: str, model_args, training_args, answer_format) -> None:
     print(generation.sample(model, tokenizer, messages, training_args.max_completion_length, training_args.seed))
 
 
-def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> list[dict]:
+def evaluate_only(test_rows, plan: Plan, training_args, model_args, answer_format) -> list[dict]:
     """GSM8K accuracy of `--model_name_or_path` into `<output_dir>/eval/<name>/` (`settings.resolve` picks the
     folder), in each of `--eval_protocols`: `final`, `final-gsm8k`... of a folder a training run saved, `baseline`...
     of a start model; then the comparison. An evaluation of that name on other terms is kept, and this one written
@@ -388,10 +423,8 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     trained = layout.path(path, layout.STATE).is_file()
     trained = Path(path).name if trained and layout.is_checkpoint(path) else trained
     tokenizer = models.load_tokenizer(model_args, training_args)
-    kept = drop_long_prompts(test_rows, tokenizer, run.max_prompt_tokens, run.eval_split)  # as train rows are
-    rows = list(islice(kept, run.eval_limit))
-    drawn = sampling(run, training_args)
-    asked = protocols(run, answer_format, training=False)  # before the weights
+    kept = drop_long_prompts(test_rows, tokenizer, plan.max_prompt_tokens, plan.split["split"])  # as train rows are
+    rows, drawn, asked = list(islice(kept, plan.limit)), plan.sampling, plan.protocols
     ours = [p for p in asked if not isinstance(p, harness.Harness)]  # lm-eval loads the model itself for its tasks
     model = None if training_args.use_vllm or not ours else models.load_for_inference(model_args, training_args)
     if model is not None:
@@ -407,22 +440,22 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
             gpu_memory_utilization=training_args.vllm_gpu_memory_utilization,
         )
     summaries, fingerprint = [], scoring.questions_fingerprint(rows)
-    same_held_out_rows(path, run, rows, fingerprint)
+    same_held_out_rows(path, plan, rows, fingerprint)
     for protocol in asked:
         if isinstance(protocol, harness.Harness):
-            summaries.append(evaluate_harness(protocol, run, training_args, model_args, trained))
+            summaries.append(evaluate_harness(protocol, plan, training_args, model_args, trained))
             continue
         # What the summary will say of these, so that an evaluation of other terms is never written over:
         terms = dict(model=path, questions_sha256=fingerprint, max_new_tokens=max_new, protocol=protocol.name)
-        terms.update(sampling=drawn or None, **split_terms(run))
+        terms.update(sampling=drawn or None, **plan.split)
         terms["tags"] = list(answer_format.tags) if protocol.judges_format else None
         name = reports.free_name(output_dir, eval_name(evaluated_as(trained), protocol.name), terms)
-        settings = dict(max_new_tokens=max_new, batch_size=run.eval_batch_size, model_name=path, protocol=protocol)
+        settings = dict(max_new_tokens=max_new, batch_size=plan.batch_size, model_name=path, protocol=protocol)
         if training_args.use_vllm:  # vLLM's completions, scored instead of generating with `model`
             prompts = [protocol.prompt(row["question"]) for row in rows]
             settings["vllm"] = generation.generate_vllm(engine, tokenizer, prompts, max_new, **drawn)
         summary, records = evaluate(model, tokenizer, rows, answer_format, desc=f"GSM8K {name}", **settings, **drawn)
-        summary |= split_terms(run) | ({"start_model": reports.start_model_of(path)} if trained else {})
+        summary |= plan.split | ({"start_model": reports.start_model_of(path)} if trained else {})
         if PartialState().is_main_process:
             write_report(output_dir, name, summary, records)
             compare(output_dir, protocol.name)
@@ -430,24 +463,23 @@ def evaluate_only(test_rows, run, training_args, model_args, answer_format) -> l
     return summaries
 
 
-def same_held_out_rows(model_path: str, run, rows, fingerprint: str) -> None:
+def same_held_out_rows(model_path: str, plan: Plan, rows, fingerprint: str) -> None:
     """`--eval_split validation` of a model a run trained: the rows held out now must be those its run held out and
     measured (its eval/ summaries' questions), or a changed train file would have it measured on rows it trained on."""
-    if run.eval_split != "validation" or not Path(model_path).is_dir():
+    held_out, dataset = plan.split.get("validation_rows"), plan.dataset
+    if plan.split["split"] != "validation" or not Path(model_path).is_dir():
         return
     folder = layout.run_of(model_path)
     trained_on = ((layout.read_record(folder) or {}).get("settings") or {}).get("run", {}).get("dataset")
-    if trained_on != run.dataset and not (
-        trained_on and run.dataset and Path(trained_on).resolve() == Path(run.dataset).resolve()
-    ):
+    if trained_on != dataset and not (trained_on and dataset and Path(trained_on).resolve() == Path(dataset).resolve()):
         return  # another data set than its run's: its held-out rows say nothing of these
     for name in ("baseline", "final"):
         then = layout.read_summary(folder, name) or {}
-        same_terms = then.get("split") == "validation" and then.get("validation_rows") == run.validation_rows
+        same_terms = then.get("split") == "validation" and then.get("validation_rows") == held_out
         if same_terms and then.get("n") == len(rows) and then.get("questions_sha256") not in (None, fingerprint):
             raise RecipeError(
-                f"eval_split=validation: the {len(rows)} rows --validation_rows {run.validation_rows} holds out of "
-                f"{run.dataset or 'the train split'} are not those {folder}'s run held out and measured (eval/{name}: "
+                f"eval_split=validation: the {len(rows)} rows --validation_rows {held_out} holds out of "
+                f"{dataset or 'the train split'} are not those {folder}'s run held out and measured (eval/{name}: "
                 "other questions): its train data changed since, and the model trained on some of these. Measure "
                 "the test split (--eval_split test), or use the train data it was trained on"
             )
@@ -458,11 +490,11 @@ def evaluated_as(trained: bool | str) -> str:
     return trained if isinstance(trained, str) else "final" if trained else "baseline"
 
 
-def evaluate_harness(protocol, run, training_args, model_args, trained: bool | str) -> dict:
+def evaluate_harness(protocol, plan: Plan, training_args, model_args, trained: bool | str) -> dict:
     """`protocol` by lm-eval on `--model_name_or_path`, loaded by lm-eval as its command line loads it (`hf`, or
     `vllm` with `--use_vllm`), into `eval/final-<protocol>` (`baseline-` of a start model); then the comparison."""
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
-    settings = harness.run_settings(run)
+    settings = dict(plan.harness)
     spec = harness.model_args(path, model_args, training_args)
     if training_args.use_vllm:
         settings["backend"] = "vllm"
@@ -472,12 +504,12 @@ def evaluate_harness(protocol, run, training_args, model_args, trained: bool | s
     # What the summary will say of it (the questions: the data set and limit its details name), as evaluate_only's:
     plain = eval_name(evaluated_as(trained), protocol.name)
     terms = dict(model=path, protocol=protocol.name, split="test", max_new_tokens=settings["max_gen_toks"] or 256)
-    terms["protocol_details"] = harness.protocol_details(protocol, run.dataset, settings)
+    terms["protocol_details"] = harness.protocol_details(protocol, plan.dataset, settings)
     terms["questions_sha256"] = (layout.read_summary(output_dir, plain) or {}).get("questions_sha256")
     name = reports.free_name(output_dir, plain, terms)
     folder = layout.eval_dir(output_dir, name)
     lm = (settings.get("backend", "hf"), spec)
-    summary, records = harness.evaluate(lm, protocol, run.dataset, folder, settings, model_name=path, saved_as=spec)
+    summary, records = harness.evaluate(lm, protocol, plan.dataset, folder, settings, model_name=path, saved_as=spec)
     summary |= {"split": "test"} | ({"start_model": reports.start_model_of(path)} if trained else {})
     if PartialState().is_main_process:
         write_report(output_dir, name, summary, records)

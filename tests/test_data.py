@@ -307,7 +307,8 @@ def test_evaluation_rows_over_the_cap_are_dropped_as_train_rows_are(tmp_path, ti
     tokenizer = models.load_tokenizer(model_args, training_args)
     trainer = SimpleNamespace(processing_class=tokenizer, model=None, args=training_args)
     test = grpo_demo.get_gsm8k_questions("test", str(folder))
-    callback = evaluation.callback(trainer, test, run, grpo_demo.ANSWER_FORMAT)
+    plan = evaluation.measurement_plan(run, training_args, grpo_demo.ANSWER_FORMAT, training=True)
+    callback = evaluation.callback(trainer, test, plan, grpo_demo.ANSWER_FORMAT)
     assert len(callback.rows) == 3 and test[1]["question"] not in [row["question"] for row in callback.rows]
 
 

@@ -4,7 +4,6 @@ before, during and after training (no second model loaded); `--eval_only` and `-
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -617,7 +616,7 @@ def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluatio
 def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_path):
     run = trained_folder(tmp_path, 8)
     rows = [{"question": f"q{i}", "answer": str(i)} for i in range(8)]
-    settings = SimpleNamespace(eval_split="validation", validation_rows=8, dataset=str(gsm8k_dir))
+    settings = evaluation.Plan(split={"split": "validation", "validation_rows": 8}, dataset=str(gsm8k_dir))
     (run / "eval" / "baseline").mkdir(parents=True)
     summary = {"split": "validation", "validation_rows": 8, "n": 8, "questions_sha256": "0" * 64}
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))
@@ -625,7 +624,7 @@ def test_validation_rows_that_changed_since_the_run_are_refused(gsm8k_dir, tmp_p
     (run / "run_record.json").write_text(json.dumps(record))
     with pytest.raises(RecipeError, match="are not those .* run held out and measured"):
         evaluation.same_held_out_rows(str(run), settings, rows, scoring.questions_fingerprint(rows))
-    other = SimpleNamespace(eval_split="validation", validation_rows=8, dataset=str(tmp_path))  # another data set
+    other = evaluation.Plan(split={"split": "validation", "validation_rows": 8}, dataset=str(tmp_path))  # another set
     evaluation.same_held_out_rows(str(run), other, rows, scoring.questions_fingerprint(rows))
     summary["questions_sha256"] = scoring.questions_fingerprint(rows)  # the same rows: measured
     (run / "eval" / "baseline" / "summary.json").write_text(json.dumps(summary))

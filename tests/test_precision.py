@@ -81,7 +81,14 @@ def train(tiny_dir, gsm8k_dir, tmp_path, dtype: str, bf16: bool, lora: bool):
         train_dataset=train_set,
         peft_config=get_peft_config(model_args),
     )
-    trainer.add_callback(evaluation.callback(trainer, test_set, run, grpo_demo.ANSWER_FORMAT))
+    trainer.add_callback(
+        evaluation.callback(
+            trainer,
+            test_set,
+            evaluation.measurement_plan(run, args, grpo_demo.ANSWER_FORMAT, training=True),
+            grpo_demo.ANSWER_FORMAT,
+        )
+    )
     trainable = {name: p for name, p in trainer.model.named_parameters() if p.requires_grad}
     start = {name: p.detach().float().clone() for name, p in trainable.items()}
 
