@@ -306,7 +306,7 @@ def reward_funcs(tags: Tags = TAGS) -> list:
 
 
 def answer_format(tags: Tags = TAGS) -> AnswerFormat:
-    """What the evaluation, --ask, the offline presets and the health checks need to know of the format in `tags`:
+    """What the evaluation, --ask, the offline presets and the warm start need to know of the format in `tags`:
     handed to them, so that an edited copy of this file, or a run with other tags, is measured as it trains."""
     return AnswerFormat(
         chat_prompt=partial(chat_prompt, tags=tags),
@@ -337,7 +337,7 @@ def parse_settings(argv: list[str] | None = None):
     each value checked before anything is loaded or downloaded."""
     from grpo_kit import settings
 
-    return settings.parse(argv, recipe_defaults(), REWARD_FUNCS)
+    return settings.parse(argv, recipe_defaults(), REWARD_FUNCS, REWARD_ROLES)
 
 
 # ----------------------------------------------------------------------------------------------------------------

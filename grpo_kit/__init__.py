@@ -6,7 +6,7 @@ floors by when their code runs, each importing only from its floor or below (doc
   anything loads, what could not run; `presets`: the offline presets' settings, and building their assets.
 - `smoke`, `demo`: the offline assets: tiny models and generated problems; the demo's warm start.
 - `data`: GSM8K-format splits, and which a run reads; `answer_format`, `numbers`: the recipe's format, exact numbers.
-- `layout`: the output folder, every path in it; `patches`: every change made to a library's objects, each naming
+- `layout`: the output folder, every path in it; `patches`: every patch of a library's functions or objects, naming
   the upstream behaviour it answers.
 - `models`: this machine's GPUs and packages, the tokenizer, attention, loading; `generation`: completions.
 - `evaluation`: GSM8K accuracy before, during and after training, `--eval_only` and `--ask`; `scoring`: how an

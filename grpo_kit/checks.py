@@ -112,6 +112,24 @@ def problems(v: dict, *, n_rewards: int, own: dict) -> list[str]:
     return [line for lines in found for line in lines]
 
 
+def reward_roles(reward_funcs: list, roles: dict) -> Iterator[str]:
+    """The recipe's REWARD_ROLES against its REWARD_FUNCS: a line for each reward and none for a reward it does not
+    have, each a role ("correct": pays for the right answer; "format") and the most it pays (the health checks and
+    the console's "correct" share divide by it)."""
+    names = [getattr(func, "__name__", repr(func)) for func in reward_funcs]
+    for name in names:
+        if name not in roles:
+            yield f'REWARD_ROLES has no line for {name}: add "{name}": ("correct" or "format", the most it pays)'
+    for name, declared in roles.items():
+        role, top = declared if isinstance(declared, tuple) and len(declared) == 2 else (None, None)
+        if name not in names:
+            yield f"REWARD_ROLES names {name}, which REWARD_FUNCS does not hold: remove its line, or add the reward"
+        elif role not in ("correct", "format"):
+            yield f'REWARD_ROLES["{name}"] = {declared!r}: a role and a maximum, ("correct" or "format", e.g. 2.0)'
+        elif isinstance(top, bool) or not isinstance(top, (int, float)) or not 0 < top < math.inf:
+            yield f'REWARD_ROLES["{name}"]: its maximum {top!r} must be a positive number, the most it pays'
+
+
 def trl_values(v: dict) -> Iterator[str]:
     """Values TRL or transformers would refuse only after the model loaded (TRL_CHOICES); report_to by
     transformers' own check, which runs when the trainer is built."""

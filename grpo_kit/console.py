@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from grpo_kit import layout
+from grpo_kit import layout, patches
 from grpo_kit.models import zero_stage
 
 logger = logging.getLogger("grpo_demo")
@@ -105,7 +105,7 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
     for kind in (ProgressCallback, PrinterCallback):
         trainer.remove_callback(kind)
     _SHOWN["table"] = show_completions
-    _wrap_completions_table()
+    patches.completions_table_only_when(lambda: _SHOWN["table"])
 
     class Console(TrainerCallback):
         bar, rollout = None, None  # the bar; the last step that sampled completions
@@ -135,23 +135,6 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
 
 
 _SHOWN = {"table": False}  # whether the run in this process prints the completions table (`install`)
-
-
-def _wrap_completions_table() -> None:
-    """TRL prints the completions table to the console whenever it logs completions (to files and wandb): the
-    function it calls is wrapped, once, to print only where the run asked for it (`_SHOWN`)."""
-    from trl.trainer import grpo_trainer
-
-    printer = grpo_trainer.print_prompt_completions_sample
-    if getattr(printer, "wrapped_by_recipe", False):
-        return
-
-    def only_when_shown(*args, **kwargs):
-        if _SHOWN["table"]:
-            printer(*args, **kwargs)
-
-    only_when_shown.wrapped_by_recipe = True
-    grpo_trainer.print_prompt_completions_sample = only_when_shown
 
 
 def settings_summary(run, training_args, model_args, rows: int) -> str:

@@ -605,7 +605,7 @@ def watch(trainer, off, declared: dict[str, tuple[str, float]], measured: int = 
     scaled = getattr(trainer.accelerator, "scaler", None) is not None  # fp16 with a gradient scaler
     roles = reward_roles(declared)
     if unwatched := [n for n in getattr(trainer, "reward_func_names", []) if n not in declared]:
-        logger.info("Rewards without a role in REWARD_ROLES, trained on but not watched: %s", ", ".join(unwatched))
+        logger.warning("Rewards without a line in REWARD_ROLES, trained on but not watched: %s", ", ".join(unwatched))
     health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))
     trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
     if "not_finite" in health.watcher.enabled and getattr(trainer, "generation_config", None) is not None:

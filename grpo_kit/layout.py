@@ -1,4 +1,5 @@
-"""A run's output folder, file by file: every path in it is built here and nowhere else.
+"""A run's output folder, file by file: every file and folder a run writes there is named here and nowhere else (the
+files inside a checkpoint are the trainer's, read in `runs`; those inside an lm-eval evaluation are lm-eval's).
 
     <output_dir>/
       .run.lock             the process that holds the run (`runs.claim`)

@@ -1,4 +1,6 @@
-"""Where the recipe changes what a library does: every patch of a library's object or internals, in one place.
+"""Where the recipe changes what a library does: every patch of a library's functions, methods or objects, in one
+place (flags a library reads are set where they are decided: offline mode in `online`, DeepSpeed's construction hook
+for a shape-only model in `models.shapes_only`).
 
 Each says which upstream behaviour it answers and on which version it was read; tests/test_patches.py checks that
 behaviour on the installed versions (and fails when upstream changes it), the other tests the patch's effect. Read on
@@ -19,6 +21,8 @@ Each patch, and the upstream behaviour it answers:
   nn.DataParallel when it is above 1.
 - `rotate_after_save`: transformers/trainer.py `_save_checkpoint(model, trial)` rotates by modification time
   (`use_mtime=True`), a copy's time moving it.
+- `completions_table_only_when`: trl/trainer/grpo_trainer.py calls its module's `print_prompt_completions_sample`
+  whenever it logs completions (to files and wandb), printing the table to the console each time.
 - `keep_train_sampler`: trl/trainer/grpo_trainer.py `_get_train_sampler` makes a RepeatSampler (`generator`,
   `shuffle`, `num_samples`) anew when a run resumes.
 """
@@ -243,3 +247,20 @@ def keep_train_sampler(trainer) -> list:
 
     trainer._get_train_sampler = sampler
     return made
+
+
+def completions_table_only_when(shown) -> None:
+    """TRL's completions table printed to the console only while `shown()` is true (the run asked for it): the
+    function TRL calls is wrapped, once a process."""
+    from trl.trainer import grpo_trainer
+
+    printer = grpo_trainer.print_prompt_completions_sample
+    if getattr(printer, "wrapped_by_recipe", False):
+        return
+
+    def only_when_shown(*args, **kwargs):
+        if shown():
+            printer(*args, **kwargs)
+
+    only_when_shown.wrapped_by_recipe = True
+    grpo_trainer.print_prompt_completions_sample = only_when_shown

@@ -383,7 +383,7 @@ def beside_the_model(values: dict, own: dict) -> str:
     return str(run if in_a_run else model_dir)
 
 
-def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -> dict:
+def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list, roles: dict | None = None) -> dict:
     """Every setting's value from the recipe's defaults, a preset, `--config` YAML and the command line, in that
     order, checked: stops with one line per problem before anything is loaded."""
     logging.basicConfig(  # info from the main process, warnings only from the others; above the progress bar
@@ -432,7 +432,9 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list) -
     own = presets.owned(preset, values)
     if values["eval_only"] and "output_dir" not in chosen:
         values["output_dir"] = beside_the_model(values, own)
-    if found := checks.problems(values, n_rewards=len(reward_funcs), own=own):
+    found = checks.problems(values, n_rewards=len(reward_funcs), own=own)
+    found += [] if roles is None else list(checks.reward_roles(reward_funcs, roles))  # the recipe's own: declared
+    if found:
         raise RecipeError("Invalid settings:", found)
     for warning in checks.warnings(values):
         logger.warning(warning)
@@ -459,9 +461,9 @@ def built(values: dict):
         ) from None
 
 
-def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list):
+def parse(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list, roles: dict | None = None):
     """(RunArguments, GRPOConfig, ModelConfig) of `resolve`'s values."""
-    values = resolve(argv, recipe_defaults, reward_funcs)  # first: a config's env: is set before trl is imported
+    values = resolve(argv, recipe_defaults, reward_funcs, roles)  # first: a config's env: is set before trl is imported
     run, training_args, model_args = built(values)
     if training_args.hub_token:  # huggingface_hub reads HF_TOKEN: pushes work, and the Trainer's pickled arguments
         os.environ.setdefault("HF_TOKEN", training_args.hub_token)  # (training_args.bin in every checkpoint)

@@ -137,7 +137,8 @@ def write_record(args, code: int, step: int | None, reason: str, reached: int | 
     trained to (past `step`: the steps after the checkpoint are lost)."""
     if not (path := os.environ.get(STOP_RECORD_ENV)):
         return
-    checkpoint = None if step is None else str(layout.checkpoint(args.output_dir, step))
+    # the folder as given (./outputs/run stays so)
+    checkpoint = None if step is None else os.path.join(args.output_dir, layout.checkpoint_name(step))
     fields = {"exit": code, "step": step, "checkpoint": checkpoint, "resumed_from": resumed_step(args)}
     fields |= {"reason": reason, "reached": reached}
     with open(path + ".tmp", "w", encoding="utf-8") as f:

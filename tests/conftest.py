@@ -255,3 +255,24 @@ def pretend_cuda(monkeypatch) -> None:
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else find_spec(name, *a)
     )
+
+
+# The tiers a default run leaves to CI's second command (`python -m pytest -q -m "slurm or real_model or long"`); any
+# run that names a marker expression, a file or a test runs what it names.
+TIERS = ("slurm", "real_model", "long")
+DEFAULT_RUN = "GRPO_TESTS_DEFAULT_RUN"  # set by the main process, read by xdist's workers (they inherit it)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the main process: it alone sees how pytest was invoked
+        default = not config.option.markexpr and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        os.environ[DEFAULT_RUN] = "1" if default else ""
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get(DEFAULT_RUN):
+        return
+    tiers = [item for item in items if any(item.get_closest_marker(tier) for tier in TIERS)]
+    if tiers:
+        config.hook.pytest_deselected(items=tiers)
+        items[:] = [item for item in items if item not in tiers]

@@ -36,6 +36,10 @@ SOURCE_CONTRACTS = [
     ("transformers.trainer:Trainer._save_checkpoint", "save_total_limit=self.args.save_total_limit"),
     # count_one_gpu: the Trainer wraps the model in nn.DataParallel where n_gpu > 1
     ("transformers.trainer:Trainer._wrap_model", "self.args.n_gpu > 1"),
+    # reference_in_bf16: TRL loads the KL reference model (beta > 0) as the policy, with its model_init_kwargs
+    ("trl.trainer.grpo_trainer:GRPOTrainer.__init__", "self.ref_model = create_model_from_path("),
+    # completions_table_only_when: TRL prints the table through its module's function, each time it logs
+    ("trl.trainer.grpo_trainer:GRPOTrainer.log", "print_prompt_completions_sample("),
     # keep_train_sampler: GRPO's sampler is TRL's RepeatSampler, made by _get_train_sampler
     ("trl.trainer.grpo_trainer:GRPOTrainer._get_train_sampler", "RepeatSampler("),
 ]

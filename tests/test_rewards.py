@@ -490,3 +490,28 @@ def test_a_1mb_adversarial_completion_gets_a_reward_in_range(shape):
     for func in REWARD_FUNCS:
         (value,) = func(prompts=[[]], completions=[chat(ADVERSARIAL[shape])], answer=["1"])
         assert type(value) is float and in_range(func, value), (func.__name__, value)
+
+
+def spare_reward(completions, **kwargs) -> list[float]:
+    return [1.0 for _ in completions]
+
+
+ROLE_MISTAKES = [
+    # a reward added to REWARD_FUNCS without its line: no check would read it
+    ([*REWARD_FUNCS, spare_reward], REWARD_ROLES, "REWARD_ROLES has no line for spare_reward"),
+    # a reward removed, its line left: the checks would wait for a metric never logged
+    (REWARD_FUNCS[1:], REWARD_ROLES, "REWARD_ROLES names xmlcount_reward_func, which REWARD_FUNCS does not hold"),
+    # a role misspelt: it would be read as a format reward
+    (REWARD_FUNCS, {**REWARD_ROLES, "correctness_reward_func": ("Correct", 2.0)}, "a role and a maximum"),
+    # a maximum of 0: the console's "correct" share divides by it
+    (REWARD_FUNCS, {**REWARD_ROLES, "int_reward_func": ("format", 0)}, "its maximum 0 must be a positive number"),
+]
+
+
+@pytest.mark.parametrize(("funcs", "roles", "problem"), ROLE_MISTAKES, ids=["unlisted", "gone", "role", "maximum"])
+def test_a_reward_roles_mistake_is_refused_before_anything_loads(funcs, roles, problem):
+    from grpo_kit import checks
+
+    assert list(checks.reward_roles(REWARD_FUNCS, REWARD_ROLES)) == []  # the recipe's own declaration holds
+    found = list(checks.reward_roles(funcs, roles))
+    assert len(found) == 1 and problem in found[0]

@@ -29,7 +29,7 @@ from conftest import REWARD_NAMES, ROOT, assert_same_final_weights, offline_env,
 from safetensors.torch import load_file
 
 import grpo_demo
-from grpo_kit import evaluation, layout, presets, runs, smoke, stopping
+from grpo_kit import evaluation, generation, layout, presets, runs, smoke, stopping
 
 pytestmark = pytest.mark.slow
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -684,10 +684,10 @@ def test_lora_run_trains_only_the_adapter_and_merges_into_a_model(tmp_path, tiny
 # A copied and edited recipe behaves as itself
 
 
-def test_a_copied_recipe_with_think_tags_trains_and_evaluates_in_its_own_format(tmp_path):
+def test_a_copied_recipe_with_think_tags_trains_evaluates_and_asks_in_its_own_format(tmp_path, monkeypatch):
     """A user copies grpo_demo.py to my_recipe.py and sets REASONING_TAG = "think". Its run asks for, rewards and
-    evaluates the `<think>` format (what each part does with a tag it is given: test_rewards.py, test_evaluation.py,
-    and on a real model test_real_model.py)."""
+    evaluates the `<think>` format, and its --ask asks in it (what each part does with a tag it is given:
+    test_rewards.py, test_evaluation.py, and on a real model test_real_model.py)."""
     source = (ROOT / "grpo_demo.py").read_text(encoding="utf-8")
     line = 'REASONING_TAG = "reasoning"'
     assert source.count(line) == 1
@@ -706,6 +706,12 @@ def test_a_copied_recipe_with_think_tags_trains_and_evaluates_in_its_own_format(
     spec = importlib.util.spec_from_file_location("my_recipe", copy)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
+    asked = []  # --ask puts the question in the copy's format
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(generation, "sample", lambda model, tokenizer, messages, *rest: asked.append(messages) or "")
+    recipe.main(["--smoke", "--model_name_or_path", str(run), "--ask", "Ava has 12 shells."])
+    assert "<think>" in asked[0][0]["content"] and asked[0][1]["content"] == "Ava has 12 shells."
+
     think = "<think>\nSome steps.\n</think>\n<answer>\n18\n</answer>\n"
     reasoning = "<reasoning>\nSome steps.\n</reasoning>\n<answer>\n18\n</answer>\n"
     assert (

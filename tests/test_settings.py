@@ -1218,3 +1218,11 @@ def test_a_hub_token_given_on_the_command_line_reaches_no_file(monkeypatch, tmp_
     assert os.environ["HF_TOKEN"] == token  # where huggingface_hub reads it for a push
     assert token not in " ".join(sys.argv)  # what wandb records, and every printed command
     assert token not in refused(["--hub_tokn", token])  # a misspelt name's value, in the message
+
+
+def test_the_recipe_refuses_a_reward_without_its_role(monkeypatch):
+    """REWARD_ROLES is checked with the settings, before anything loads (the checks' table: test_rewards.py)."""
+    roles = {name: role for name, role in grpo_demo.REWARD_ROLES.items() if name != "int_reward_func"}
+    monkeypatch.setattr(grpo_demo, "REWARD_ROLES", roles)
+    with pytest.raises(RecipeError, match="REWARD_ROLES has no line for int_reward_func"):
+        grpo_demo.parse_settings(["--smoke"])
