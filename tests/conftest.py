@@ -257,22 +257,24 @@ def pretend_cuda(monkeypatch) -> None:
     )
 
 
-# The tiers a default run leaves to CI's second command (`python -m pytest -q -m "slurm or real_model or long"`); any
-# run that names a marker expression, a file or a test runs what it names.
+# The tiers a run leaves out unless it names them (a marker expression, or their file or one of its tests): CI runs
+# them after the default run, `python -m pytest -q -m "slurm or real_model or long"`.
 TIERS = ("slurm", "real_model", "long")
-DEFAULT_RUN = "GRPO_TESTS_DEFAULT_RUN"  # set by the main process, read by xdist's workers (they inherit it)
+NAMED = "GRPO_TESTS_NAMED_FILES"  # set by the main process, read by xdist's workers (they inherit it)
 
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the main process: it alone sees how pytest was invoked
-        default = not config.option.markexpr and config.args_source == pytest.Config.ArgsSource.TESTPATHS
-        os.environ[DEFAULT_RUN] = "1" if default else ""
+        files = {str(Path(arg.split("::")[0]).resolve()) for arg in config.args if ".py" in arg}
+        os.environ[NAMED] = "*" if config.option.markexpr else "\n".join(sorted(files))
 
 
 def pytest_collection_modifyitems(config, items):
-    if not os.environ.get(DEFAULT_RUN):
+    named = os.environ.get(NAMED, "")
+    if named == "*":  # -m: the expression decides
         return
-    tiers = [item for item in items if any(item.get_closest_marker(tier) for tier in TIERS)]
+    files = set(named.split("\n"))
+    tiers = [i for i in items if any(i.get_closest_marker(t) for t in TIERS) and str(i.path.resolve()) not in files]
     if tiers:
         config.hook.pytest_deselected(items=tiers)
         items[:] = [item for item in items if item not in tiers]
