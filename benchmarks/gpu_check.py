@@ -23,6 +23,9 @@ trainer's own model, the run record. The variants:
   full-786   the memory check: one step of `full` at the recipe's 786-token completions, its peak GPU memory (torch's
              count) beside the recipe's memory plan for it (the "Memory plan" line checks.memory_fits logs); last,
              run when the budget covers it;
+  full-resume  only when asked (--variants full-resume, ~181 s): `full` run whole, saving the checkpoint of the step
+             before its last, then that checkpoint resumed to the last step; the resumed model must be the whole
+             run's, up to a tenth of the last step's move (on the CPU, with --dry-run: bit for bit);
   cb-bf16    transformers' continuous batching. TRL casts the model to bf16 in place for it, so the recipe refuses
              it with fp32 weights: this one loads bf16 weights (--dtype bfloat16) and is a generation-speed
              comparison only. If it fails it is reported as "did not run", with its error, and the check goes on.
@@ -163,6 +166,7 @@ class Variant:
     adapters: bool = False  # LoRA / QLoRA: the movement is measured on the B matrices (zero at the start)
     needs: str | None = None  # a package it needs beyond requirements.txt
     comparison_only: bool = False  # a failure is reported ("did not run"), not counted against the check
+    resumes: bool = False  # stopped after the checkpoint before its last step, resumed from it: `run_resume`
     # The time model (module docstring): fixed seconds, ms per decoded token in training and in the evaluations
     # (transformers' generate), seconds of forward/backward/weight sync per step.
     fixed_s: float = 0.0
@@ -200,8 +204,17 @@ VARIANTS = [
     Variant("full-786", (), "transformers", fixed_s=48, decode_ms=30, eval_decode_ms=30, train_step_s=1.5,
             shape=(("steps", 1), ("completion", 786))),
 ]  # fmt: skip
-BY_NAME = {v.name: v for v in VARIANTS}
-DRY_RUN_VARIANTS = ("full", "lora")
+# Save and resume, when asked (`--variants full-resume`; ~181 s on the GPU, past the default budget with the others):
+# `full` run whole, saving the checkpoint of the step before its last, and that checkpoint resumed to the last step,
+# the two models compared (two starts, an 18 GB checkpoint saved and loaded)
+ON_REQUEST = [Variant("full-resume", (), "transformers", resumes=True, fixed_s=160, decode_ms=40, train_step_s=2.0)]
+BY_NAME = {v.name: v for v in VARIANTS + ON_REQUEST}
+DRY_RUN_VARIANTS = ("full", "lora")  # the dry run's default; full-resume runs there too, when asked
+DRY_RUNNABLE = (*DRY_RUN_VARIANTS, "full-resume")
+# A resumed run's weights against the uninterrupted run's, over the last step's move: 0 on a CPU (bit for bit); a GPU's
+# kernels may sum in another order, far below a step. A resume that lost the optimizer, scheduler, data order or RNG
+# state trains another last step: a difference of the order of the step itself.
+MAX_RESUME_GAP = 0.1
 MEMORY_PLAN = re.compile(r"Memory plan: ~([\d,.]+) GiB")  # checks.memory_fits's log line
 
 
@@ -274,9 +287,11 @@ def generation_kwargs(variant: Variant, completion: int, assets: dict) -> dict:
     return kwargs
 
 
-def recipe_command(variant: Variant, folder: Path, assets_dir: Path, shape: dict, dry_run: bool) -> list[str]:
-    """`python grpo_demo.py ...` for `variant`: the settings on the command line, generation_kwargs (a long list
-    on a GPU) in `folder`/generation.yaml."""
+def recipe_command(
+    variant: Variant, folder: Path, assets_dir: Path, shape: dict, dry_run: bool, overrides: dict | None = None
+) -> list[str]:
+    """`python grpo_demo.py ...` for `variant`: the settings on the command line (`overrides` over the check's),
+    generation_kwargs (a long list on a GPU) in `folder`/generation.yaml."""
     assets = json.loads((assets_dir / "assets.json").read_text(encoding="utf-8"))
     config = {"generation_kwargs": generation_kwargs(variant, shape["completion"], assets)}
     if variant.generation == "vllm":  # the longest sequence vLLM takes: the prompt and completion, not 32k
@@ -305,6 +320,7 @@ def recipe_command(variant: Variant, folder: Path, assets_dir: Path, shape: dict
     }
     if dry_run:
         settings.update(use_cpu="true", bf16="false")
+    settings.update(overrides or {})
     flags = [str(item) for name, value in settings.items() for item in (f"--{name}", value)]
     return [sys.executable, str(RECIPE), "--config", str(folder / "generation.yaml"), *flags, *variant.flags]
 
@@ -548,8 +564,8 @@ def remove_weights(output: Path) -> None:
 
 def available(variant: Variant, dry_run: bool) -> str | None:
     """Why `variant` cannot run here, None when it can."""
-    if dry_run and variant.name not in DRY_RUN_VARIANTS:
-        return "needs a CUDA GPU (the dry run covers full and lora)"
+    if dry_run and variant.name not in DRY_RUNNABLE:
+        return f"needs a CUDA GPU (the dry run covers {', '.join(DRY_RUNNABLE)})"
     if variant.needs and importlib.util.find_spec(variant.needs) is None:
         return f"{variant.needs} is not installed (pip install -r requirements-gpu.txt)"
     return None
@@ -560,6 +576,8 @@ def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeou
     folder, shape = work / variant.name, variant.shaped(shape)
     shutil.rmtree(folder, ignore_errors=True)  # this check's own folder: nothing stale may pass for a result
     folder.mkdir(parents=True)
+    if variant.resumes:
+        return run_resume(variant, folder, work / "assets", shape, dry_run, timeout, limit)
     command = recipe_command(variant, folder, work / "assets", shape, dry_run)
     print(f"{variant.name}: running (log: {folder / 'log.txt'})", flush=True)
     code, seconds = run_logged(command, folder, folder / "log.txt", timeout)
@@ -585,12 +603,77 @@ def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeou
     return result
 
 
+def run_resume(variant: Variant, folder: Path, assets: Path, shape: dict, dry_run: bool, timeout: float, limit: str):
+    """`full` stopped and resumed: `steps` steps, saving the checkpoint of the step before the last (its model kept
+    aside), then that checkpoint resumed in the same folder to the last step. The resumed model against the
+    uninterrupted one, as a share of the last step's move (`resume_problems`)."""
+    steps, output, started = shape["steps"], folder / "output", time.monotonic()
+    saving = {"save_strategy": "steps", "save_steps": max(steps - 1, 1), "final_eval": "false", "eval_samples": 0}
+    result: dict = {"wall_s": 0.0, "log": str(folder / "log-whole.txt")}
+    for name, overrides in (("whole", saving), ("resumed", {**saving, "resume_from_checkpoint": None})):
+        checkpoint = output / f"checkpoint-{steps - 1}"
+        if name == "resumed":
+            if not checkpoint.is_dir():
+                return {**result, "status": "failed", "error": f"no {checkpoint.name} saved", "problems": []}
+            uninterrupted = folder / "uninterrupted"  # the whole run's model, kept aside from the resumed run's
+            uninterrupted.mkdir()
+            for path in output.glob("model*.safetensors*"):
+                path.replace(uninterrupted / path.name)
+            for newer in (p for p in output.glob("checkpoint-*") if p.name != checkpoint.name):
+                shutil.rmtree(newer)
+            overrides["resume_from_checkpoint"] = str(checkpoint)
+        command = recipe_command(variant, folder, assets, shape, dry_run, overrides)
+        left = timeout - (time.monotonic() - started)
+        code, _ = run_logged(command, folder, folder / f"log-{name}.txt", left)
+        result |= {"wall_s": round(time.monotonic() - started, 1), f"command_{name}": shlex.join(command)}
+        if code != 0:
+            tail = log_tail(folder / f"log-{name}.txt")
+            error = f"stopped after {timeout:.0f} s: {limit}" if code is None else (tail[-1] if tail else str(code))
+            status = "not run" if code is None and limit != "--timeout" else "failed"
+            return {**result, "status": status, "exit_code": code, "error": f"{name} run: {error}", "log_tail": tail}
+    state = read_json(output / "trainer_state.json") or {}
+    last_step = weight_movement(checkpoint, uninterrupted, adapters=False)
+    gap = weight_movement(uninterrupted, output, adapters=False)
+    result["steps"] = state.get("global_step")
+    result["resume"] = {
+        "from_step": steps - 1,
+        "last_step_mean_abs_move": last_step and last_step["mean_abs_change"],
+        "mean_abs_difference": gap and gap["mean_abs_change"],
+        "differing_fraction": gap and gap["moved_fraction"],
+    }
+    for path in (uninterrupted, *output.glob("checkpoint-*")):  # 18 GB a checkpoint on the GPU: gone once compared
+        shutil.rmtree(path, ignore_errors=True)
+    remove_weights(output)
+    result["problems"] = resume_problems(result, steps)
+    result["status"] = "failed" if result["problems"] else "passed"
+    return result
+
+
+def resume_problems(result: dict, steps: int) -> list[str]:
+    """Why a save and resume does not pass: the resumed run must end at the last step, and its weights must be the
+    uninterrupted run's, up to MAX_RESUME_GAP of the last step's move."""
+    resume = result.get("resume") or {}
+    move, gap = resume.get("last_step_mean_abs_move"), resume.get("mean_abs_difference")
+    if result.get("steps") != steps:
+        return [f"the resumed run ended at step {result.get('steps')}, not {steps} (trainer_state.json)"]
+    if move is None or gap is None:
+        return ["no weights to compare (the checkpoint's or a run's model was not saved)"]
+    if move == 0:
+        return ["the last step moved no weight: nothing to compare a resume against"]
+    if gap / move > MAX_RESUME_GAP:
+        return [
+            f"the resumed run's weights differ from the uninterrupted run's by {gap / move:.2f} of the last step's "
+            f"move (at most {MAX_RESUME_GAP}): the resume did not continue the run (optimizer, schedule, data or RNG)"
+        ]
+    return []
+
+
 def plan(names: list[str], shape: dict, dry_run: bool) -> list[tuple[Variant, str | None, float]]:
     """The variants asked for, in the check's order, each with why it cannot run here (None when it can) and the
     seconds it is expected to take."""
     return [
         (v, available(v, dry_run), DRY_RUN_ESTIMATE_S if dry_run else v.estimate(shape["steps"], shape["completion"]))
-        for v in VARIANTS
+        for v in VARIANTS + ON_REQUEST
         if v.name in names
     ]
 
@@ -601,7 +684,7 @@ def chosen(args) -> tuple[dict, list[str]]:
     for key in ("steps", "completion"):
         if getattr(args, key) is not None:
             shape[key] = getattr(args, key)
-    default = DRY_RUN_VARIANTS if args.dry_run else BY_NAME
+    default = DRY_RUN_VARIANTS if args.dry_run else [v.name for v in VARIANTS]
     names = args.variants.split(",") if args.variants else list(default)
     unknown = sorted(set(names) - BY_NAME.keys())
     if unknown:
@@ -752,7 +835,8 @@ def parse_args() -> argparse.Namespace:
     dry, real = DRY_RUN, REAL
     parser.add_argument("--dry-run", action="store_true", help="the tiny model on the CPU: the code path only")
     parser.add_argument(
-        "--variants", help=f"comma-separated, of {', '.join(BY_NAME)}; default: all (dry run: full,lora)"
+        "--variants",
+        help=f"comma-separated, of {', '.join(BY_NAME)}; default: all but full-resume (dry run: full,lora)",
     )
     parser.add_argument(
         "--steps", type=int, help=f"optimizer steps per variant, the first one warm-up (default {real['steps']}, "
@@ -792,6 +876,10 @@ def main() -> None:
     print(table(report["variants"]))
     print(f"flash-attention: {report['flash_attention']}")
     for name, result in report["variants"].items():
+        if resume := result.get("resume"):
+            move, gap = resume["last_step_mean_abs_move"], resume["mean_abs_difference"]
+            print(f"{name}: resumed from step {resume['from_step']}, its weights {gap} from the uninterrupted run's "
+                  f"(the last step moved them {move})")  # fmt: skip
         if result.get("memory_note"):
             print(f"{name}: {result['memory_note']} ({result['vllm_reserved_gib']} GiB)")
         if result["status"] == "ran, with problems":

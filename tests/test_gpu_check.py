@@ -271,3 +271,47 @@ def test_the_movement_bar_passes_a_correct_run_of_any_length_and_fails_pure_bf16
     assert adamw_realised(steps, torch.bfloat16) < gpu_check.MIN_REALISED  # the updates round away
     linear = realised * gpu_check.expected_move([5e-6] * steps) / (5e-6 * steps)
     assert (linear < gpu_check.MIN_REALISED) is (steps >= 5)  # what the old bar saw
+
+
+RESUMES = [
+    # (the resumed run's step, the last step's mean move, the resumed weights' mean difference, what the check says)
+    (3, 1e-5, 0.0, None),  # bit for bit, as on a CPU
+    (3, 1e-5, 5e-7, None),  # a GPU's kernels summing in another order: far below a step
+    (3, 1e-5, 2e-6, "differ from the uninterrupted run's by 0.20 of the last step's move"),  # another last step
+    (2, 1e-5, 0.0, "ended at step 2, not 3"),  # resumed, then stopped early
+    (3, 0.0, 0.0, "the last step moved no weight"),  # nothing to compare against
+    (3, None, None, "no weights to compare"),  # a model not saved
+]
+
+
+@pytest.mark.parametrize(("step", "move", "gap", "said"), RESUMES)
+def test_a_resume_passes_only_where_it_continues_the_run(step, move, gap, said):
+    resume = {"from_step": 2, "last_step_mean_abs_move": move, "mean_abs_difference": gap, "differing_fraction": 0.1}
+    found = gpu_check.resume_problems({"steps": step, "resume": resume}, 3)
+    assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_dry_run_resumes_bit_for_bit_and_fails_a_resume_that_trains_another_step(tmp_path, monkeypatch):
+    """On the CPU, the save-and-resume variant: the resumed run's weights are the uninterrupted run's exactly; a
+    resume whose last step draws other samples (another seed, allowed) is caught."""
+    assets = tmp_path / "assets"
+    build = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--_build", str(assets), "--dry-run"]
+    assert subprocess.run(build, cwd=ROOT, env=offline_env(tmp_path), capture_output=True).returncode == 0
+    variant, shape = gpu_check.BY_NAME["full-resume"], dict(gpu_check.DRY_RUN)
+    monkeypatch.setattr(gpu_check, "recipe_env", lambda: offline_env(tmp_path))
+    result = gpu_check.run_variant(variant, tmp_path, shape, True, 600, "--timeout")
+    assert result["status"] == "passed" and result["resume"]["mean_abs_difference"] == 0.0, result
+    assert result["resume"]["last_step_mean_abs_move"] > 0
+
+    command = gpu_check.recipe_command
+
+    def another_seed_on_resume(*args, **kwargs):
+        resumed = (args[5] if len(args) > 5 else kwargs.get("overrides") or {}).get("resume_from_checkpoint")
+        extra = ["--seed", "7", "--allow_changed_settings", "true"] if resumed else []
+        return command(*args, **kwargs) + extra
+
+    monkeypatch.setattr(gpu_check, "recipe_command", another_seed_on_resume)
+    result = gpu_check.run_variant(variant, tmp_path, shape, True, 600, "--timeout")
+    assert result["status"] == "failed" and "the resume did not continue the run" in result["problems"][0], result
