@@ -26,6 +26,8 @@ trainer's own model, the run record. The variants:
   full-resume  only when asked (--variants full-resume, ~181 s): `full` run whole, saving the checkpoint of the step
              before its last, then that checkpoint resumed to the last step; the resumed model must be the whole
              run's, up to a tenth of the last step's move (on the CPU, with --dry-run: bit for bit);
+  lora-vllm  only when asked (--variants lora-vllm, ~120 s): --use_peft with vLLM colocate, whose every weight sync
+             merges the adapters into the base and restores it; needs vllm;
   cb-bf16    transformers' continuous batching. TRL casts the model to bf16 in place for it, so the recipe refuses
              it with fp32 weights: this one loads bf16 weights (--dtype bfloat16) and is a generation-speed
              comparison only. If it fails it is reported as "did not run", with its error, and the check goes on.
@@ -207,7 +209,14 @@ VARIANTS = [
 # Save and resume, when asked (`--variants full-resume`; ~181 s on the GPU, past the default budget with the others):
 # `full` run whole, saving the checkpoint of the step before its last, and that checkpoint resumed to the last step,
 # the two models compared (two starts, an 18 GB checkpoint saved and loaded)
-ON_REQUEST = [Variant("full-resume", (), "transformers", resumes=True, fixed_s=160, decode_ms=40, train_step_s=2.0)]
+ON_REQUEST = [
+    Variant("full-resume", (), "transformers", resumes=True, fixed_s=160, decode_ms=40, train_step_s=2.0),
+    # LoRA generating with vLLM: each sync merges the adapters into the base and restores it (patches.keep_base_exact)
+    Variant("lora-vllm", ("--use_peft", "--use_vllm", "--vllm_mode", "colocate",
+                          "--vllm_gpu_memory_utilization", str(VLLM_GPU_MEMORY_UTILIZATION),
+                          "--vllm_importance_sampling_correction", "false"),
+            "vllm", adapters=True, needs="vllm", fixed_s=100, decode_ms=8, eval_decode_ms=40, train_step_s=2.0),
+]  # fmt: skip
 BY_NAME = {v.name: v for v in VARIANTS + ON_REQUEST}
 DRY_RUN_VARIANTS = ("full", "lora")  # the dry run's default; full-resume runs there too, when asked
 DRY_RUNNABLE = (*DRY_RUN_VARIANTS, "full-resume")
@@ -492,7 +501,8 @@ def expected_dtypes(variant: Variant, dry_run: bool) -> tuple[str | None, set[st
         return None
     if dry_run:
         return "float32", {"float32"}
-    base = {"lora": "bfloat16", "qlora": "uint8"}.get(variant.name, "float32")  # bitsandbytes packs 4-bit in uint8
+    # bitsandbytes packs 4-bit weights in uint8; LoRA's base is bf16; full fine-tuning keeps fp32 weights
+    base = "uint8" if "--load_in_4bit" in variant.flags else "bfloat16" if variant.adapters else "float32"
     return base, {"float32"}  # full fine-tuning: fp32 weights (bf16 autocast); LoRA and QLoRA: fp32 adapters
 
 
@@ -836,7 +846,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="the tiny model on the CPU: the code path only")
     parser.add_argument(
         "--variants",
-        help=f"comma-separated, of {', '.join(BY_NAME)}; default: all but full-resume (dry run: full,lora)",
+        help=f"comma-separated, of {', '.join(BY_NAME)}; default: all but full-resume, lora-vllm (dry run: full,lora)",
     )
     parser.add_argument(
         "--steps", type=int, help=f"optimizer steps per variant, the first one warm-up (default {real['steps']}, "

@@ -125,7 +125,7 @@ def passing(name: str, dry_run: bool = False) -> dict:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["full", "lora", "qlora", "full-vllm"])
+@pytest.mark.parametrize("name", ["full", "lora", "qlora", "full-vllm", "lora-vllm"])
 def test_a_variant_that_trained_passes(name):
     assert gpu_check.problems(gpu_check.BY_NAME[name], passing(name), 3, flash=True) == []
     assert gpu_check.problems(gpu_check.BY_NAME[name], passing(name, dry_run=True), 3, dry_run=True) == []
