@@ -62,6 +62,8 @@ any gradient would "change 100 % of its weights") and the expected move is `expe
 `full-vllm` variant turns off TRL's vLLM importance-sampling correction: its sampling is restricted to the tokenizer's
 627 ids, vLLM's log-probabilities are renormalised over those and TRL's over all 151,936, and the correction's ratio
 (e^-700) would zero every gradient. Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
+`full-resume` (when asked) passes when both its runs exit 0, the resumed one ends at the last step,
+and its weights are the whole run's within a tenth of the last step's mean move (MAX_RESUME_GAP).
 Skipped variants (not installed) are listed, not failed; a variant the budget does not cover (left out, or stopped
 when the budget ran out) is "not run", never "failed". Otherwise exit 1, the reasons printed and in the JSON.
 
