@@ -620,35 +620,42 @@ def run_resume(variant: Variant, folder: Path, assets: Path, shape: dict, dry_ru
     aside), then that checkpoint resumed in the same folder to the last step. The resumed model against the
     uninterrupted one, as a share of the last step's move (`resume_problems`)."""
     steps, output, started = shape["steps"], folder / "output", time.monotonic()
+    checkpoint, uninterrupted = output / f"checkpoint-{steps - 1}", folder / "uninterrupted"
     saving = {"save_strategy": "steps", "save_steps": max(steps - 1, 1), "final_eval": "false", "eval_samples": 0}
     result: dict = {"wall_s": 0.0, "log": str(folder / "log-whole.txt")}
-    for name, overrides in (("whole", saving), ("resumed", {**saving, "resume_from_checkpoint": None})):
-        checkpoint = output / f"checkpoint-{steps - 1}"
-        if name == "resumed":
-            if not checkpoint.is_dir():
-                return {**result, "status": "failed", "error": f"no {checkpoint.name} saved", "problems": []}
-            uninterrupted = folder / "uninterrupted"  # the whole run's model, kept aside from the resumed run's
-            uninterrupted.mkdir()
-            for path in output.glob("model*.safetensors*"):
-                path.replace(uninterrupted / path.name)
-            for newer in (p for p in output.glob("checkpoint-*") if p.name != checkpoint.name):
-                shutil.rmtree(newer)
-            overrides["resume_from_checkpoint"] = str(checkpoint)
+
+    def run(name: str, overrides: dict) -> dict | None:
+        """The recipe once; None when it ran through, else the variant's result as it stopped."""
         command = recipe_command(variant, folder, assets, shape, dry_run, overrides)
-        left = timeout - (time.monotonic() - started)
-        code, _ = run_logged(command, folder, folder / f"log-{name}.txt", left)
-        result |= {"wall_s": round(time.monotonic() - started, 1), f"command_{name}": shlex.join(command)}
-        if code != 0:
-            tail = log_tail(folder / f"log-{name}.txt")
-            error = f"stopped after {timeout:.0f} s: {limit}" if code is None else (tail[-1] if tail else str(code))
-            status = "not run" if code is None and limit != "--timeout" else "failed"
-            return {**result, "status": status, "exit_code": code, "error": f"{name} run: {error}", "log_tail": tail}
-    state = read_json(output / "trainer_state.json") or {}
+        code, _ = run_logged(command, folder, folder / f"log-{name}.txt", timeout - (time.monotonic() - started))
+        result.update({"wall_s": round(time.monotonic() - started, 1), f"command_{name}": shlex.join(command)})
+        if code == 0:
+            return None
+        tail = log_tail(folder / f"log-{name}.txt")
+        error = f"stopped after {timeout:.0f} s: {limit}" if code is None else (tail[-1] if tail else str(code))
+        status = "not run" if code is None and limit != "--timeout" else "failed"
+        return {**result, "status": status, "exit_code": code, "error": f"{name} run: {error}", "log_tail": tail}
+
+    if stopped := run("whole", saving):
+        return stopped
+    if not checkpoint.is_dir():
+        return {**result, "status": "failed", "error": f"no {checkpoint.name} saved", "problems": []}
+    uninterrupted.mkdir()  # the whole run's model, kept aside from the resumed run's
+    for path in output.glob("model*.safetensors*"):
+        path.replace(uninterrupted / path.name)
+    for newer in (p for p in output.glob("checkpoint-*") if p != checkpoint):
+        shutil.rmtree(newer)
+    if stopped := run("resumed", {**saving, "resume_from_checkpoint": str(checkpoint)}):
+        return stopped
     last_step = weight_movement(checkpoint, uninterrupted, adapters=False)
     gap = weight_movement(uninterrupted, output, adapters=False)
-    result["steps"] = state.get("global_step")
+    result["steps"] = (read_json(output / "trainer_state.json") or {}).get("global_step")
+    # the steps the resumed run trained, as its console says them: a run that started afresh (its seed the same, its
+    # weights on a CPU the same too) would say every one
+    said = (folder / "log-resumed.txt").read_text(encoding="utf-8", errors="replace")
     result["resume"] = {
         "from_step": steps - 1,
+        "steps_trained": [int(step) for step in re.findall(r"^step (\d+)/", said, re.MULTILINE)],
         "last_step_mean_abs_move": last_step and last_step["mean_abs_change"],
         "mean_abs_difference": gap and gap["mean_abs_change"],
         "differing_fraction": gap and gap["moved_fraction"],
@@ -668,6 +675,10 @@ def resume_problems(result: dict, steps: int) -> list[str]:
     move, gap = resume.get("last_step_mean_abs_move"), resume.get("mean_abs_difference")
     if result.get("steps") != steps:
         return [f"the resumed run ended at step {result.get('steps')}, not {steps} (trainer_state.json)"]
+    if resume.get("steps_trained") != [steps]:
+        return [
+            f"the resumed run trained steps {resume.get('steps_trained')}, not step {steps} alone: it started afresh"
+        ]
     if move is None or gap is None:
         return ["no weights to compare (the checkpoint's or a run's model was not saved)"]
     if move == 0:

@@ -600,12 +600,11 @@ class _EndOfRunLine(TrainerCallback):
 
 def watch(trainer, off, declared: dict[str, tuple[str, float]], measured: int = 0) -> HealthCallback:
     """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them; `declared`: what
-    each reward judges and pays at most (`reward_roles`); `measured`: the questions each in-training accuracy
+    each reward judges and pays at most (`reward_roles`; checked against the rewards with the settings:
+    `checks.reward_roles`); `measured`: the questions each in-training accuracy
     measurement asks, 0 for none."""
     scaled = getattr(trainer.accelerator, "scaler", None) is not None  # fp16 with a gradient scaler
     roles = reward_roles(declared)
-    if unwatched := [n for n in getattr(trainer, "reward_func_names", []) if n not in declared]:
-        logger.warning("Rewards without a line in REWARD_ROLES, trained on but not watched: %s", ", ".join(unwatched))
     health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))
     trainer.callback_handler.callbacks.insert(0, health)  # before the reporters: wandb logs its health/ metrics
     if "not_finite" in health.watcher.enabled and getattr(trainer, "generation_config", None) is not None:

@@ -147,3 +147,20 @@ def test_the_architecture_page_draws_the_floors_the_code_has():
             words = line.replace("·", " ").replace("(", " ").replace(")", " ").split()
             drawn |= {w: floor for w in words if w in FLOORS}
     assert drawn == {name: floor for name, floor in FLOORS.items() if floor < 5}  # the entry points: above
+
+
+@pytest.mark.slow  # pytest in a subprocess, collecting
+def test_the_tiers_run_only_when_named(tmp_path):
+    """The default run leaves the Slurm, real-model and long tiers to CI's second command; naming a tier (its marker,
+    its file) runs it."""
+    tier = "tests/test_demo.py::test_the_demo_learns_on_the_llama_model_too"
+
+    def collected(*args: str) -> set[str]:
+        result = python(
+            "", tmp_path, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args
+        )
+        return {line for line in result.stdout.splitlines() if "::" in line}
+
+    assert tier not in collected()  # the README's command
+    assert tier in collected("tests/test_demo.py")  # its file named
+    assert tier in collected("-m", "long")

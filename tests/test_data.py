@@ -310,6 +310,10 @@ def test_evaluation_rows_over_the_cap_are_dropped_as_train_rows_are(tmp_path, ti
     plan = evaluation.measurement_plan(run, training_args, grpo_demo.ANSWER_FORMAT, training=True)
     callback = evaluation.callback(trainer, test, plan, grpo_demo.ANSWER_FORMAT)
     assert len(callback.rows) == 3 and test[1]["question"] not in [row["question"] for row in callback.rows]
+    run, training_args, _ = grpo_demo.parse_settings([*args, "--output_dir", "train-run", "--eval_limit", "2"])
+    plan = evaluation.measurement_plan(run, training_args, grpo_demo.ANSWER_FORMAT, training=True)
+    limited = evaluation.callback(trainer, test, plan, grpo_demo.ANSWER_FORMAT)
+    assert limited.rows == callback.rows[:2]  # --eval_limit: the first rows of those kept
 
 
 def test_every_evaluation_row_over_the_cap_stops_the_run(tmp_path, tiny):

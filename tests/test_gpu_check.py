@@ -276,6 +276,7 @@ def test_the_movement_bar_passes_a_correct_run_of_any_length_and_fails_pure_bf16
 RESUMES = [
     # (the resumed run's step, the last step's mean move, the resumed weights' mean difference, what the check says)
     (3, 1e-5, 0.0, None),  # bit for bit, as on a CPU
+    ((1, 2, 3), 1e-5, 0.0, "trained steps [1, 2, 3], not step 3 alone"),  # started afresh: the same weights, seeded
     (3, 1e-5, 5e-7, None),  # a GPU's kernels summing in another order: far below a step
     (3, 1e-5, 2e-6, "differ from the uninterrupted run's by 0.20 of the last step's move"),  # another last step
     (2, 1e-5, 0.0, "ended at step 2, not 3"),  # resumed, then stopped early
@@ -286,8 +287,9 @@ RESUMES = [
 
 @pytest.mark.parametrize(("step", "move", "gap", "said"), RESUMES)
 def test_a_resume_passes_only_where_it_continues_the_run(step, move, gap, said):
-    resume = {"from_step": 2, "last_step_mean_abs_move": move, "mean_abs_difference": gap, "differing_fraction": 0.1}
-    found = gpu_check.resume_problems({"steps": step, "resume": resume}, 3)
+    trained = list(step) if isinstance(step, tuple) else [step]
+    resume = {"from_step": 2, "steps_trained": trained, "last_step_mean_abs_move": move, "mean_abs_difference": gap}
+    found = gpu_check.resume_problems({"steps": trained[-1], "resume": resume}, 3)
     assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
 
 

@@ -120,3 +120,18 @@ def test_a_bf16_lora_merge_and_unmerge_still_moves_the_base_without_the_patch():
     model.merge_adapter()
     model.unmerge_adapter()
     assert not torch.equal(layer.get_base_layer().weight, before)
+
+
+def test_trls_completions_table_prints_only_while_the_run_asks_for_it(monkeypatch):
+    from trl.trainer import grpo_trainer
+
+    from grpo_kit import patches
+
+    printed, shown = [], [False]
+    monkeypatch.setattr(grpo_trainer, "print_prompt_completions_sample", lambda *args: printed.append(args))
+    patches.completions_table_only_when(lambda: shown[0])
+    patches.completions_table_only_when(lambda: True)  # a second install (another run in the process) wraps nothing
+    grpo_trainer.print_prompt_completions_sample("hidden")
+    shown[0] = True
+    grpo_trainer.print_prompt_completions_sample("shown")
+    assert printed == [("shown",)]

@@ -415,3 +415,21 @@ def test_a_stop_under_save_only_model_leaves_no_record_that_it_resumes(
     stopping.record(stop)  # as the recipe calls it, once the run's state is written
     assert stopping.exit_code(stop) == code
     assert (json.loads(stop_record.read_text()) if stop_record.exists() else None) == recorded
+
+
+@pytest.mark.parametrize(
+    ("output_dir", "resume", "checkpoint", "resumed_from"),
+    [
+        ("./outputs/run", None, "./outputs/run/checkpoint-3", None),  # the folder as given: the script reads it so
+        ("/abs/run", "/abs/run/checkpoint-2", "/abs/run/checkpoint-3", 2),  # a resumed run: the step it started at
+    ],
+)
+def test_the_stop_record_names_the_checkpoint_in_the_folder_as_given(
+    tmp_path, monkeypatch, output_dir, resume, checkpoint, resumed_from
+):
+    path = tmp_path / "stop.json"
+    monkeypatch.setenv(stopping.STOP_RECORD_ENV, str(path))
+    args = SimpleNamespace(output_dir=output_dir, resume_from_checkpoint=resume)
+    stopping.write_record(args, stopping.EXIT_STOPPED, 3, "SIGUSR1 received", reached=3)
+    record = json.loads(path.read_text())
+    assert (record["checkpoint"], record["resumed_from"], record["exit"]) == (checkpoint, resumed_from, 75)
