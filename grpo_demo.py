@@ -28,15 +28,12 @@ Where this recipe departs from the reference script it descends from, and why:
 
 from __future__ import annotations
 
-import logging
 import sys
 from functools import partial
 
 from grpo_kit.answer_format import AnswerFormat, Tags, bind
 from grpo_kit.data import drop_long_prompts  # prompts over --max_prompt_tokens are dropped, and counted
 from grpo_kit.numbers import answer_number, is_gsm8k_integer, parse_number
-
-logger = logging.getLogger("grpo_demo")
 
 # ----------------------------------------------------------------------------------------------------------------
 # Recipe constants: the block to edit. The command line and --config override any of them.
@@ -129,10 +126,8 @@ SYSTEM_PROMPT, XML_COT_FORMAT = system_prompt(), solution_template()
 def extract_xml_answer(text: str, tags: Tags = TAGS) -> str:
     """The stripped content of the last complete <answer>...</answer> block; "" when there is none."""
     close = text.rfind(tags.a_close)
-    if close < 0:
-        return ""
-    start = text.rfind(tags.a_open, 0, close)
-    if start < 0:
+    start = text.rfind(tags.a_open, 0, max(close, 0))
+    if close < 0 or start < 0:
         return ""
     return text[start + len(tags.a_open) : close].strip()
 
@@ -184,12 +179,9 @@ def chat_prompt(question: str, tags: Tags = TAGS) -> list[dict]:
 
 def get_gsm8k_questions(split: str = "train", dataset_dir: str | None = None, strict: bool = False, tags: Tags = TAGS):
     """GSM8K as system+user chat prompts (in `tags`) with canonical gold answers: columns `question`, `prompt`,
-    `answer`, and `solution` (GSM8K's worked solution).
-
-    Lines that are no JSON object, and rows with no `####` answer, an empty question or a gold answer that is not
-    a number are counted, named (file and line) and dropped, or with `strict` stop the run: a row without a usable
-    answer would only ever teach noise.
-    """
+    `answer`, and `solution` (GSM8K's worked solution). Lines that are no JSON object, and rows with no `####` answer,
+    an empty question or a gold that is no number are counted, named (file and line) and dropped, or with `strict`
+    stop the run: a row without a usable answer would only ever teach noise."""
     from datasets import Dataset
 
     from grpo_kit.data import load_split, report_bad_rows
@@ -265,16 +257,9 @@ def count_xml(text: str, tags: Tags = TAGS) -> float:
     close = "\n" + tags.a_close
     after = text.rsplit(close, 1)[1] if close in text else ""
     penalty = 0.001 * (len(after) - after.startswith("\n"))
-    score = 0.0
-    if text.count(tags.r_open + "\n") == 1:
-        score += 0.125
-    if text.count(f"\n{tags.r_close}\n") == 1:
-        score += 0.125
-    if text.count(f"\n{tags.a_open}\n") == 1:
-        score += max(0.0, 0.125 - penalty)
-    if text.count(close) == 1:
-        score += max(0.0, 0.125 - penalty)
-    return score
+    worth = {tags.r_open + "\n": 0.125, f"\n{tags.r_close}\n": 0.125}  # the answer tags: less the penalty
+    worth |= {f"\n{tags.a_open}\n": max(0.0, 0.125 - penalty), close: max(0.0, 0.125 - penalty)}
+    return sum((value for tag, value in worth.items() if text.count(tag) == 1), 0.0)
 
 
 def xmlcount_reward_func(completions, tags: Tags = TAGS, **kwargs) -> list[float]:
@@ -289,8 +274,8 @@ REWARD_FUNCS = [
     int_reward_func,
     correctness_reward_func,
 ]
-# What each reward pays at most, and whether it pays for the right answer ("correct") or for the form ("format"): the
-# health checks and the console's "correct" share read these. A reward left out here trains, unwatched.
+# What each reward pays for, the right answer ("correct") or the form ("format"), and the most it pays: the health
+# checks and the console's "correct" share read these, and the settings refuse a reward without its line.
 REWARD_ROLES = {
     "xmlcount_reward_func": ("format", 0.5),
     "soft_format_reward_func": ("format", 0.5),
@@ -422,26 +407,13 @@ def train_and_save(run, training_args, model_args, tokenizer, train, measured, f
             ask = runs.ask_command(training_args.output_dir, measured[0]["question"]) if measured else None
             print(console.where_written(training_args.output_dir, saved, ask), flush=True)
         stopping.record(signals)  # a resumable stop, told to the launcher that asks (slurm/grpo.sbatch)
-        # Every process ends together: under accelerate launch the first to end has the others stopped, and the main
-        # one may still be writing the state and curves.
-        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.wait_for_everyone()  # the first process to end stops the others: the main one may write
         online.finish(trainer)  # the trackers, and the processes' group
         if code := stopping.exit_code(watcher, signals):  # 3 (not finite), 75 (SIGTERM, SIGUSR1), 130 (Ctrl-C)
             sys.exit(code)
 
 
 if __name__ == "__main__":
-    from grpo_kit import RecipeError
-    from grpo_kit.runs import disk_full, resume_command
+    from grpo_kit.runs import as_a_command
 
-    try:
-        main()
-    except RecipeError as err:  # a mistake to fix, said as such: no traceback
-        sys.exit(str(err))
-    except KeyboardInterrupt:
-        print(f"\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: {resume_command()}")
-        sys.exit(130)
-    except Exception as err:
-        if not disk_full(err):
-            raise
-        sys.exit(f"The disk is full: free some space, then (a cut checkpoint is skipped): {resume_command()}")
+    as_a_command(main)  # a setting to fix, Ctrl-C or a full disk: a message and the command that goes on, no traceback

@@ -67,6 +67,8 @@ RANGES = {
     "min_p": (lambda x: 0 <= x <= 1, "must be in [0, 1] (a share of the likeliest token's probability)"),
     "repetition_penalty": (lambda x: 0 < x < math.inf, "must be positive (1.0 is none)"),
     **dict.fromkeys(("steps_per_generation", "num_iterations"), AT_LEAST_ONE),
+    # TRL refuses under 2 too, but divides by it first (grpo_config.py __post_init__): 0 would be a ZeroDivisionError
+    "num_generations": (lambda x: x >= 2, "GRPO compares completions within a group: at least 2 (the recipe uses 16)"),
     "epsilon": (lambda x: 0 < x < math.inf, "must be positive (TRL's clipping range, 0.2)"),
     "lora_dropout": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
     "beta": (lambda x: 0 <= x < math.inf, "must be 0 (no KL) or more"),
@@ -213,17 +215,12 @@ def sizes(v: dict) -> Iterator[str]:
 
 
 def groups_and_rewards(v: dict, n_rewards: int) -> Iterator[str]:
-    """Groups that fill the generation batch (TRL checks this too, but only once GRPOConfig is built, and without
-    naming a value that works); a weight per reward; two different tags, each one word to TRL's logs and tokenizer."""
+    """Groups that fill the generation batch (TRL checks this too, naming generation_batch_size, which the user did
+    not set, and no value that works); a weight per reward; two different tags, each one word to TRL and tokenizer."""
     n_gen, per_device = v["num_generations"], v["per_device_train_batch_size"]
     processes, steps = world_size(), v["steps_per_generation"] or v["gradient_accumulation_steps"]
     batch = v["generation_batch_size"] or (per_device or 0) * processes * steps
-    if n_gen is None or n_gen < 2:
-        yield (
-            f"num_generations={n_gen}: GRPO compares completions within a group, so it needs at least 2 "
-            "(the recipe uses 16)"
-        )
-    elif (per_device or 0) > 0 and batch % n_gen:
+    if (n_gen or 0) >= 2 and (per_device or 0) > 0 and batch % n_gen:  # under 2: TRL's own check says so
         yield (
             f"generation batch {batch} completions (per_device_train_batch_size {per_device} x {processes} process(es)"
             f" x {steps} steps) is not divisible by num_generations={n_gen}: "
@@ -321,7 +318,7 @@ def lora_and_bitsandbytes(v: dict) -> Iterator[str]:
     if v["use_peft"] and v["lora_r"] is not None and v["lora_r"] <= 0:
         yield f"lora_r={v['lora_r']}: the adapter's rank must be at least 1 (the recipe uses 16)"
     bits = [name for name in ("load_in_4bit", "load_in_8bit") if v[name]]
-    if len(bits) == 2:  # ModelConfig raises too, once built, without saying which one is QLoRA
+    if len(bits) == 2:  # ModelConfig refuses too, naming neither setting: "You can't use 8 bit and 4 bit precision"
         yield "load_in_4bit and load_in_8bit are both set: choose one (--load_in_4bit is QLoRA)"
     for name in bits if len(bits) == 1 else []:
         if not v["use_peft"]:

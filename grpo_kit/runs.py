@@ -54,6 +54,22 @@ def disk_full(err: BaseException) -> bool:
     return False
 
 
+def as_a_command(main) -> None:
+    """Run `main` as a command: a `RecipeError` (a mistake to fix) exits with its message, Ctrl-C with 130 and the
+    command that resumes, a full disk with what to free; nothing of these prints a traceback."""
+    try:
+        main()
+    except RecipeError as err:
+        sys.exit(str(err))
+    except KeyboardInterrupt:
+        print(f"\nStopped (Ctrl-C). A training run goes on from its newest checkpoint: {resume_command()}")
+        sys.exit(130)
+    except Exception as err:
+        if not disk_full(err):
+            raise
+        sys.exit(f"The disk is full: free some space, then (a cut checkpoint is skipped): {resume_command()}")
+
+
 SECRET_NAME = re.compile(r"--?[\w-]*(token|api[_-]key|password|secret)", re.I)  # --hub_token, not --max_tokens
 SECRET_VALUE = re.compile(r"\b(hf|api|sk)_[A-Za-z0-9]{16,}")  # a Hub token (or a key) given anywhere else
 
