@@ -689,10 +689,12 @@ def _full_parts(P: float, plan: dict, moments: int) -> tuple[dict[str, float], i
     return parts, residual, gathered
 
 
-def _adapter_parts(shape: dict, plan: dict, moments: int) -> dict[str, float]:
-    """LoRA's and QLoRA's parts of `memory_estimate`."""
+def _adapter_parts(shape: dict, plan: dict, moments: int) -> tuple[dict[str, float], float]:
+    """LoRA's and QLoRA's parts of `memory_estimate`, and (ZeRO-3) the base gathered whole: TRL merges the adapters
+    into the whole model to sync vLLM, server or colocate (`VLLMGeneration._iter_named_params`, `gather_params` of
+    every parameter), and generates with it gathered (`unwrap_model_for_generation`) where vLLM does not."""
     P, L, H, mode = shape["parameters"], shape["layers"], shape["hidden"], plan["mode"]
-    n = max(1, plan.get("processes", 1))
+    n, zero3 = max(1, plan.get("processes", 1)), plan.get("zero") == "3"
     parts: dict[str, float] = {}
     per_layer = {
         "q_proj": H + shape["heads"] * shape["head_dim"], "k_proj": H + shape["kv_heads"] * shape["head_dim"],
@@ -701,13 +703,17 @@ def _adapter_parts(shape: dict, plan: dict, moments: int) -> dict[str, float]:
         "down_proj": shape["intermediate"] + H,
     }  # fmt: skip
     adapters = plan.get("lora_r", 16) * L * sum(per_layer.values())
-    body = P - shape["embedding"]
-    base = 0.5 * body + 2 * shape["embedding"] * 2 if mode == "qlora" else 2 * P  # 4-bit body, bf16 embeddings
-    parts["base weights (4-bit)" if mode == "qlora" else "base weights (bf16)"] = base
+    body, embedding = P - shape["embedding"], shape["embedding"]
+    per_body = 0.5 if mode == "qlora" else 2  # bytes of a base weight: 4-bit (embeddings bf16), or bf16
+    base = per_body * body + 2 * embedding * (2 if mode == "qlora" else 1)
+    kind = "4-bit" if mode == "qlora" else "bf16"
+    parts[f"base weights ({kind}{', sharded' if zero3 else ''})"] = base / n if zero3 else base
     parts["adapters, gradients, optimizer"] = (4 + 4 + moments + (4 if n > 1 else 0)) * adapters
-    if plan.get("vllm_share"):
-        parts["base copy during a vLLM sync"] = 2 * body
-    return parts
+    syncs = plan.get("vllm_share") or plan.get("server")
+    if syncs:  # patches.keep_base_exact: the merged layers' base, copied for the length of a sync
+        parts["base copy during a vLLM sync"] = per_body * body
+    gathered = base - base / n if zero3 and (syncs or plan.get("gather", True)) else 0.0
+    return parts, gathered
 
 
 def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
@@ -735,7 +741,7 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     if mode == "full":
         parts, residual, gathered = _full_parts(P, plan, moments)
     else:
-        parts, residual, gathered = _adapter_parts(shape, plan, moments), 2, 0.0
+        (parts, gathered), residual = _adapter_parts(shape, plan, moments), 2
     kv_bytes = 2 + 2  # bf16 keys and values (patches.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     kv = 0 if plan.get("server") else kv  # a vLLM server generates elsewhere
@@ -745,7 +751,10 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     activations += 2 * rows * columns * 2  # the LM head's bf16 logit tiles, forward and backward
     if plan.get("vllm_share"):
         parts["vLLM (its reserved share)"] = plan["vllm_share"] * plan["gpu"]
-        parts["training activations"] = activations
+        if gathered:  # a sync gathers the base whole while vLLM holds its share, between the training's passes
+            parts["training activations, or the base gathered for a vLLM sync, the larger"] = max(activations, gathered)
+        else:
+            parts["training activations"] = activations
     elif gathered:
         parts["KV cache and gathered weights, or training activations, the larger"] = max(kv + gathered, activations)
     else:
