@@ -61,7 +61,10 @@ learning rate, so that a weight moves only by a gradient (AdamW's decay alone mo
 any gradient would "change 100 % of its weights") and the expected move is `expected_move` of a constant rate. The
 `full-vllm` variant turns off TRL's vLLM importance-sampling correction: its sampling is restricted to the tokenizer's
 627 ids, vLLM's log-probabilities are renormalised over those and TRL's over all 151,936, and the correction's ratio
-(e^-700) would zero every gradient. Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
+(e^-700) would zero every gradient; so a vLLM variant's sync is checked on the weights themselves instead: its
+recipe runs through `run_recipe_with_sync_probe`, which after the last step runs TRL's sync once more and compares the
+o_proj and down_proj weights vLLM generates with against the trainer's (bf16, LoRA merged): equal bit for bit, with
+some of them moved since the start, or it fails (`sync_problems`: a stale or broken sync). Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
 `full-resume` (when asked) passes when both its runs exit 0, the resumed one ends at the last step,
 and its weights are the whole run's within a tenth of the last step's mean move (MAX_RESUME_GAP).
 Skipped variants (not installed) are listed, not failed; a variant the budget does not cover (left out, or stopped
@@ -559,6 +562,8 @@ def problems(variant: Variant, result: dict, steps: int, dry_run: bool = False, 
                 f"dtypes: weights {model.get('weights_dtype')}, trainable {model.get('trainable_dtype')}; expected "
                 f"weights with {base}, trainable {sorted(trainable)}"
             )
+    if variant.generation == "vllm" and not variant.comparison_only:
+        found += sync_problems(result.get("vllm_sync"))
     if model and flash and not variant.comparison_only and model.get("attention") != "flash_attention_2":
         found.append(f"attention {model.get('attention')}: flash_attn imports here, so flash_attention_2 was expected")
     return found
@@ -568,6 +573,83 @@ def remove_weights(output: Path) -> None:
     """The trained weights are random and large (6 GB for full fine-tuning): gone once compared."""
     for path in output.glob("*.safetensors"):
         path.unlink()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The vLLM weight sync: after the last step, TRL's own sync, then the weights vLLM generates with against the trainer's
+
+# Compared: the weights transformers and vLLM name alike (vLLM stacks q/k/v and gate/up into one tensor each)
+SYNC_COMPARED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def vllm_sync_gap(trainer, start_model: Path) -> dict:
+    """TRL's weight sync (`VLLMGeneration.sync_weights`, as before every generation), run once more after the last
+    step; then each SYNC_COMPARED weight of the model TRL loads them into (`llm.llm_engine.model_executor.
+    driver_worker.model_runner.model`, TRL's own path in colocate mode) against the trainer's, cast to bf16 with
+    LoRA's adapters merged as TRL merges them. A sync that works leaves them equal bit for bit; the weights that
+    moved since the start (in bf16) are what tells a working sync from a stale one."""
+    import torch
+    from safetensors import safe_open
+
+    generation = trainer.vllm_generation
+    generation.sync_weights()
+    engine = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    theirs = {name: p for name, p in engine.named_parameters() if name.endswith(SYNC_COMPARED)}
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    adapters = hasattr(model, "merge_adapter")
+    compared = differing = moved = 0
+    with contextlib.ExitStack() as stack:
+        start = {}  # name -> the open start file that holds it
+        for path in sorted(start_model.glob("model*.safetensors")):
+            handle = stack.enter_context(safe_open(path, framework="pt"))
+            start.update(dict.fromkeys(handle.keys(), handle))
+        if adapters:  # as TRL syncs LoRA: merged (patches.keep_base_exact restores the base after)
+            model.merge_adapter()
+            stack.callback(model.unmerge_adapter)
+        for name, param in model.named_parameters():
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")  # TRL's own renaming
+            if name not in theirs or name not in start:
+                continue
+            ours = param.detach().to(torch.bfloat16)
+            compared += ours.numel()
+            differing += int((ours != theirs[name].detach().to(ours.device, torch.bfloat16)).sum())
+            moved += int((ours != start[name].get_tensor(name).to(ours.device, torch.bfloat16)).sum())
+    return {"compared": compared, "differing": differing, "moved_since_start": moved, "names": list(SYNC_COMPARED)}
+
+
+def sync_problems(sync: dict | None) -> list[str]:
+    """Why vLLM did not generate with the trained weights (`vllm_sync_gap`); empty when it did."""
+    if not sync:
+        return ["no vllm_sync.json: the weights vLLM generates with were not compared with the trainer's"]
+    if not sync["compared"]:
+        return [f"no weight of vLLM's ({', '.join(SYNC_COMPARED)}) matched one of the trainer's by name"]
+    if not sync["moved_since_start"]:
+        return ["no compared weight moved since the start (in bf16): a working sync cannot be told from a stale one"]
+    if sync["differing"]:
+        return [
+            f"{sync['differing']:,} of {sync['compared']:,} weights in vLLM differ from the trainer's right after a "
+            f"sync ({sync['moved_since_start']:,} moved since the start): vLLM generates with other weights than "
+            "those trained (a stale or broken weight sync)"
+        ]
+    return []
+
+
+def run_recipe_with_sync_probe(report: Path, start_model: Path, argv: list[str]) -> None:
+    """`python grpo_demo.py argv`, as it runs, with `vllm_sync_gap` written to `report` when training ends."""
+    import runpy
+
+    from trl import GRPOTrainer
+
+    train = GRPOTrainer.train
+
+    def train_then_compare(self, *args, **kwargs):
+        output = train(self, *args, **kwargs)
+        report.write_text(json.dumps(vllm_sync_gap(self, start_model), indent=1) + "\n", encoding="utf-8")
+        return output
+
+    GRPOTrainer.train = train_then_compare
+    sys.argv = [str(RECIPE), *argv]
+    runpy.run_path(str(RECIPE), run_name="__main__")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -591,6 +673,9 @@ def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeou
     if variant.resumes:
         return run_resume(variant, folder, work / "assets", shape, dry_run, timeout, limit)
     command = recipe_command(variant, folder, work / "assets", shape, dry_run)
+    if variant.generation == "vllm":  # the recipe as it runs, its vLLM weight sync compared when training ends
+        probe = ["--_sync_probe", str(folder / "vllm_sync.json"), str(work / "assets" / "model"), "--"]
+        command = [sys.executable, __file__, *probe, *command[2:]]
     print(f"{variant.name}: running (log: {folder / 'log.txt'})", flush=True)
     code, seconds = run_logged(command, folder, folder / "log.txt", timeout)
     result = {"command": shlex.join(command), "wall_s": round(seconds, 1), "log": str(folder / "log.txt")}
@@ -609,6 +694,7 @@ def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeou
         gpu_memory = json.loads((work / "assets" / "assets.json").read_text())["gpu_memory_gib"]
         result["vllm_reserved_gib"] = round(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory, 1) if gpu_memory else None
         result["memory_note"] = VLLM_MEMORY_NOTE
+        result["vllm_sync"] = read_json(folder / "vllm_sync.json")
     found = problems(variant, result, shape["steps"], dry_run, flash=not dry_run and flash_attention_here() is None)
     result["problems"] = found
     result["status"] = "passed" if not found else "ran, with problems" if variant.comparison_only else "failed"
@@ -879,6 +965,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--_sync_probe"]:  # internal: a vLLM variant's recipe run (`run_recipe_with_sync_probe`)
+        report, start_model, _, *argv = sys.argv[2:]
+        return run_recipe_with_sync_probe(Path(report), Path(start_model), argv)
     args = parse_args()
 
     if args._build:

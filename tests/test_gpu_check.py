@@ -122,6 +122,7 @@ def passing(name: str, dry_run: bool = False) -> dict:
         "health": {"status": "ok", "findings": []},
         "movement": {"measured_on": "LoRA B matrices" if variant.adapters else "all weights", "moved_fraction": 1.0,
                      "realised_over_expected": 0.7},
+        "vllm_sync": {"compared": 4096, "differing": 0, "moved_since_start": 300},
     }  # fmt: skip
 
 
@@ -142,6 +143,11 @@ WEAKENED = {  # (variant, what changes in the result, what the check must then s
     "LoRA on an fp32 base": ("lora", ("model", "weights_dtype", ["float32"]), "expected weights with bfloat16"),
     "sdpa where flash_attn imports": ("full", ("model", "attention", "sdpa"), "flash_attention_2 was expected"),
     "vLLM without a gradient": ("full-vllm", ("steps_with_gradient", None, 0), "no step had a gradient"),
+    "a stale vLLM sync": ("full-vllm", ("vllm_sync", "differing", 300), "a stale or broken weight sync"),
+    "a stale LoRA sync": ("lora-vllm", ("vllm_sync", "differing", 1), "vLLM generates with other weights"),
+    "no sync compared": ("full-vllm", ("vllm_sync", None, None), "no vllm_sync.json"),
+    "no name matched": ("full-vllm", ("vllm_sync", "compared", 0), "matched one of the trainer's by name"),
+    "nothing moved to tell": ("lora-vllm", ("vllm_sync", "moved_since_start", 0), "cannot be told from a stale"),
 }  # fmt: skip
 
 
@@ -155,6 +161,76 @@ def test_each_assertion_fails_a_variant_that_did_not_train_as_the_recipe_says(ca
         result[part][key] = value
     found = gpu_check.problems(gpu_check.BY_NAME[name], result, 3, flash=True)
     assert any(said in line for line in found), found
+
+
+class Engine(torch.nn.Module):
+    """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16; `stale`: it drops what it is
+    given, as a broken or skipped sync would."""
+
+    def __init__(self, start: torch.nn.Module, stale: bool):
+        super().__init__()
+        self.inner, self.stale = start.to(torch.bfloat16), stale
+
+    def named_parameters(self, *args, **kwargs):
+        return self.inner.named_parameters(*args, **kwargs)
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            if not self.stale:
+                dict(self.inner.named_parameters())[name].data.copy_(tensor)
+
+
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("stale", [False, True], ids=["synced", "stale"])
+def test_the_sync_check_passes_trls_own_sync_and_fails_a_stale_one(tmp_path, adapters, stale):
+    """TRL's real VLLMGeneration.sync_weights (its PEFT merge, names and load_weights calls) into a stand-in of
+    vLLM's model, after a step that moved the weights: a sync that lands passes, one that drops the weights fails."""
+    import copy
+
+    from accelerate import Accelerator
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from grpo_kit.patches import keep_base_exact
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    torch.manual_seed(0)
+    start = Qwen2ForCausalLM(config)
+    start.to(torch.bfloat16).save_pretrained(tmp_path / "start")  # the check's start model: bf16
+    model = Qwen2ForCausalLM(config)
+    model.load_state_dict(start.state_dict())  # fp32 weights, as the recipe trains them
+    if adapters:
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["o_proj", "down_proj"]))
+        keep_base_exact(model)
+        trained = [p for n, p in model.named_parameters() if "lora_B" in n]
+    else:
+        trained = [p for n, p in model.named_parameters() if n.endswith(gpu_check.SYNC_COMPARED)]
+    with torch.no_grad():  # a step: every trained weight moved by far more than bf16's spacing
+        for param in trained:
+            param.add_(torch.randn_like(param) * 0.05)
+    accelerator = Accelerator(cpu=True)
+    generation = object.__new__(VLLMGeneration)  # TRL's class, its engine a stand-in
+    generation.model, generation.accelerator, generation._dist = model, accelerator, DistributedBackend(accelerator)
+    generation.mode, generation.enable_sleep_mode = "colocate", False
+    engine = Engine(copy.deepcopy(start), stale)
+    runner = SimpleNamespace(model=engine)
+    executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
+    generation.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_executor=executor), reset_prefix_cache=lambda: 0)
+    trainer = SimpleNamespace(vllm_generation=generation, accelerator=accelerator, model=model)
+    base = [p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n]
+
+    sync = gpu_check.vllm_sync_gap(trainer, tmp_path / "start")
+
+    assert sync["compared"] == 2 * (32 * 32 + 32 * 64)  # o_proj and down_proj of both layers
+    assert sync["moved_since_start"] > 0.5 * sync["compared"]
+    assert (sync["differing"] > 0) == stale
+    problems = gpu_check.sync_problems(sync)
+    assert any("a stale or broken weight sync" in line for line in problems) if stale else problems == []
+    after = [p for n, p in model.named_parameters() if "base_layer" in n]
+    assert all(torch.equal(a, b) for a, b in zip(after, base, strict=True))  # the LoRA base as it was
 
 
 def test_flash_attention_is_required_only_where_flash_attn_imports():
