@@ -10,8 +10,8 @@ process makes the same number of `generate` calls, which ZeRO-3 needs (its `gene
 import gc
 import logging
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 
@@ -145,82 +145,59 @@ def warn_if_past_positions(model, tokenizer, prompts: list, max_new_tokens: int)
 
 
 class AccuracyCallback(TrainerCallback):
-    """Accuracy of the trainer's own model. `before_and_after`: the start model at the start of a new run
-    (`eval/baseline/`) and the trained model after the last step (`eval/final/`), then `eval/comparison.json`, in each
-    of `protocols`, with pass@k and maj@k where `sampling` asks. `every_steps` > 0: the first `subset` rows every
-    `every_steps` optimizer steps, logged as `eval_` + LOGGED_METRICS. The model is unwrapped as for the trainer's
-    rollouts (ZeRO-3 weights gathered, gradient checkpointing off) and run in its autocast (bf16 on a GPU)."""
+    """Accuracy of the trainer's own model, as `plan` asks. `before_and_after`: the start model at the start of a new
+    run (`eval/baseline/`) and the trained model after the last step (`eval/final/`), then `eval/comparison.json`, in
+    each of its protocols, with pass@k and maj@k where its `sampling` asks. `every_steps` > 0: the first `subset` rows
+    every `every_steps` optimizer steps, logged as `eval_` + LOGGED_METRICS. The model is unwrapped as for the
+    trainer's rollouts (ZeRO-3 weights gathered, gradient checkpointing off) and run in its autocast (bf16 on a GPU)."""
 
-    def __init__(
-        self,
-        trainer,
-        rows,
-        answer_format,
-        *,
-        before_and_after,
-        every_steps,
-        subset,
-        batch_size,
-        limit,
-        protocols=(),
-        sampling=None,
-        split=None,
-        dataset=None,
-        harness_settings=None,
-    ):
-        self.trainer, self.answer_format, self.batch_size = trainer, answer_format, batch_size
-        self.before_and_after, self.every_steps = before_and_after, every_steps
-        self.rows = list(islice(rows or [], limit))
-        self.subset = self.rows[:subset]
-        self.protocols = list(protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
-        self.sampling = sampling or {}  # samples, temperature, seed: pass@k and maj@k before and after
-        self.split = split or {"split": "test"}  # the rows measured (`split_terms`)
-        self.dataset, self.harness = dataset, harness_settings  # lm-eval's data (--dataset) and settings
+    def __init__(self, trainer, rows, answer_format, plan: "Plan"):
+        self.trainer, self.answer_format, self.plan = trainer, answer_format, plan
+        self.rows = list(islice(rows or [], plan.limit))
+        self.subset = self.rows[: plan.subset]
+        self.protocols = list(plan.protocols) or [build_protocol("recipe", answer_format)]  # the recipe's first
         self.start_model = getattr(trainer.model, "name_or_path", None) or "start model"
+
+    @contextmanager
+    def unwrapped(self, **gather):
+        """The trainer's model as for its rollouts (ZeRO-3 weights gathered, gradient checkpointing off); after, the
+        memory generation took (KV caches, activations) back to the allocator's pool for training."""
+        from trl.models import unwrap_model_for_generation
+
+        trainer, args = self.trainer, self.trainer.args
+        checkpointing = args.gradient_checkpointing_kwargs
+        kwargs = dict(gradient_checkpointing_kwargs=checkpointing, **gather)
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, **kwargs) as model:
+            yield model
+        gc.collect()
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
 
     def measure(
         self, rows, model_name: str, desc: str, protocol=None, sampling=None, progress: bool = True
     ) -> tuple[dict, list[dict]]:
-        from trl.models import unwrap_model_for_generation
-
-        trainer, args = self.trainer, self.trainer.args
-        unwrapped = unwrap_model_for_generation(
-            trainer.model_wrapped,
-            trainer.accelerator,
-            gather_deepspeed3_params=args.ds3_gather_for_generation,
-            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-        )
+        args = self.trainer.args
         settings = dict(model_name=model_name, protocol=protocol, desc=desc, progress=progress, **(sampling or {}))
-        settings.update(max_new_tokens=args.max_completion_length, batch_size=self.batch_size)
-        with unwrapped as model, trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext():
-            result = evaluate(model, trainer.processing_class, rows, self.answer_format, **settings)
-        gc.collect()  # the memory generation took (KV caches, activations) back to the allocator's pool for training
-        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
-        return result
+        settings.update(max_new_tokens=args.max_completion_length, batch_size=self.plan.batch_size)
+        autocast = self.trainer.accelerator.autocast() if args.bf16 or args.fp16 else nullcontext()
+        with self.unwrapped(gather_deepspeed3_params=args.ds3_gather_for_generation) as model, autocast:
+            return evaluate(model, self.trainer.processing_class, rows, self.answer_format, **settings)
 
     def measure_harness(self, protocol, name: str, model_name: str) -> tuple[dict, list[dict]]:
         """`protocol` by lm-eval on the trainer's model (one process, no ZeRO-3: `checks`), unwrapped as for
         `measure`, in its own dtype as lm-eval loads the saved folder (no autocast), into `eval/<name>/`."""
         from lm_eval.models.huggingface import HFLM
-        from trl.models import unwrap_model_for_generation
 
-        trainer, args = self.trainer, self.trainer.args
-        unwrapped = unwrap_model_for_generation(
-            trainer.model_wrapped, trainer.accelerator, gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs
-        )
-        folder = layout.eval_dir(args.output_dir, name)
-        with unwrapped as model:
+        folder = layout.eval_dir(self.trainer.args.output_dir, name)
+        with self.unwrapped() as model:
             training = model.training
-            lm = HFLM(pretrained=model, tokenizer=trainer.processing_class, batch_size=self.harness["batch_size"])
+            batch = self.plan.harness["batch_size"]
+            lm = HFLM(pretrained=model, tokenizer=self.trainer.processing_class, batch_size=batch)
             # The folder lm-eval's command line reads: an adapter's on its base model, as `peft=`
             adapter = hasattr(model, "peft_config") and model_name != self.start_model
             saved = {"pretrained": self.start_model, "peft": model_name} if adapter else {"pretrained": model_name}
-            result = harness.evaluate(
-                lm, protocol, self.dataset, folder, self.harness, model_name=model_name, saved_as=saved
-            )
+            settings = dict(model_name=model_name, saved_as=saved)
+            result = harness.evaluate(lm, protocol, self.plan.dataset, folder, self.plan.harness, **settings)
             model.train(training)  # HFLM put it in eval mode
-        gc.collect()
-        torch.cuda.empty_cache()
         return result
 
     def report(self, base: str, model_name: str) -> list[dict]:
@@ -231,8 +208,8 @@ class AccuracyCallback(TrainerCallback):
             if isinstance(protocol, harness.Harness):
                 summary, records = self.measure_harness(protocol, name, model_name)
             else:
-                summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.sampling)
-            summary |= self.split | ({"start_model": self.start_model} if base == "final" else {})
+                summary, records = self.measure(self.rows, model_name, f"GSM8K {name}", protocol, self.plan.sampling)
+            summary |= self.plan.split | ({"start_model": self.start_model} if base == "final" else {})
             if self.trainer.accelerator.is_main_process:
                 write_report(self.trainer.args.output_dir, name, summary, records, table=False)
             first = records if first is None else first
@@ -241,22 +218,22 @@ class AccuracyCallback(TrainerCallback):
     @property
     def measured(self) -> int:
         """How many questions each in-training measurement asks (0: none is made)."""
-        return len(self.subset) if self.every_steps > 0 else 0
+        return len(self.subset) if self.plan.every_steps > 0 else 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step > 0:
-            if self.before_and_after and layout.read_summary(self.trainer.args.output_dir, "baseline"):
+            if self.plan.before_and_after and layout.read_summary(self.trainer.args.output_dir, "baseline"):
                 logger.info(
                     "Resumed at step %d: eval/baseline is the start model's, from the run's start", state.global_step
                 )
-            elif self.before_and_after:  # another folder's checkpoint continued here: its baseline is there
+            elif self.plan.before_and_after:  # another folder's checkpoint continued here: its baseline is there
                 logger.info(
                     "Resumed at step %d from another folder's checkpoint: no baseline here (its run's eval/ holds it)",
                     state.global_step,
                 )
             return
-        records = self.report("baseline", self.start_model) if self.before_and_after else None
-        if self.every_steps > 0:  # the subset's accuracy at step 0, where the in-training curve starts
+        records = self.report("baseline", self.start_model) if self.plan.before_and_after else None
+        if self.plan.every_steps > 0:  # the subset's accuracy at step 0, where the in-training curve starts
             subset = (
                 records[: len(self.subset)]
                 if records
@@ -265,7 +242,7 @@ class AccuracyCallback(TrainerCallback):
             self.log_subset(summarize(subset), control)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.every_steps <= 0 or state.global_step % self.every_steps:
+        if self.plan.every_steps <= 0 or state.global_step % self.plan.every_steps:
             return
         if control.should_training_stop and state.global_step < state.max_steps:
             return  # stopping early (grpo_kit/stopping.py): the checkpoint first, as a scheduler's grace is short
@@ -309,7 +286,7 @@ class AccuracyCallback(TrainerCallback):
         return True
 
     def on_train_end(self, args, state, control, **kwargs):
-        if not self.before_and_after:
+        if not self.plan.before_and_after:
             return
         if state.global_step < state.max_steps:  # stopped early (stopping.py): "final" measures a finished run
             logger.info("Stopped at step %d of %d: no final evaluation", state.global_step, state.max_steps)
@@ -385,21 +362,10 @@ def callback(trainer, test_rows, plan: Plan, answer_format) -> AccuracyCallback:
     if measured is not None and plan.before_and_after:  # before the first step, not after the last
         rows = list(islice(measured, plan.limit))
         fit_positions(trainer.model, tokenizer, ours, rows, trainer.args.max_completion_length)
-    return AccuracyCallback(
-        trainer,
-        measured,
-        answer_format,
-        before_and_after=plan.before_and_after and test_rows is not None,
-        every_steps=plan.every_steps if test_rows is not None else 0,
-        subset=plan.subset,
-        batch_size=plan.batch_size,
-        limit=plan.limit,
-        protocols=asked,
-        sampling=plan.sampling,
-        split=plan.split,
-        dataset=plan.dataset,
-        harness_settings=plan.harness,
-    )
+    measuring = test_rows is not None  # None: this run measures nothing
+    before_and_after, every_steps = plan.before_and_after and measuring, plan.every_steps if measuring else 0
+    plan = replace(plan, protocols=asked, before_and_after=before_and_after, every_steps=every_steps)
+    return AccuracyCallback(trainer, measured, answer_format, plan)
 
 
 def ask(question: str, model_args, training_args, answer_format) -> None:

@@ -591,11 +591,7 @@ def test_the_accuracy_curve_starts_at_step_0_with_or_without_the_final_evaluatio
             fake_trainer(TrainerState()),
             rows,
             grpo_demo.ANSWER_FORMAT,
-            before_and_after=before_and_after,
-            every_steps=every_steps,
-            subset=2,
-            batch_size=2,
-            limit=None,
+            evaluation.Plan(before_and_after=before_and_after, every_steps=every_steps, subset=2, batch_size=2),
         )
         monkeypatch.setattr(callback, "measure", measure)
         monkeypatch.setattr(callback, "report", lambda base, model: measure(rows, model, base)[1])
