@@ -64,7 +64,8 @@ any gradient would "change 100 % of its weights") and the expected move is `expe
 (e^-700) would zero every gradient; so a vLLM variant's sync is checked on the weights themselves instead: its
 recipe runs through `run_recipe_with_sync_probe`, which after the last step runs TRL's sync once more and compares the
 o_proj and down_proj weights vLLM generates with against the trainer's (bf16, LoRA merged): equal bit for bit, with
-some of them moved since the start, or it fails (`sync_problems`: a stale or broken sync). Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
+some of them moved since the start, or it fails (`sync_problems`: a stale or broken sync). Every variant runs on one
+GPU (CUDA_VISIBLE_DEVICES: the first one visible).
 `full-resume` (when asked) passes when both its runs exit 0, the resumed one ends at the last step,
 and its weights are the whole run's within a tenth of the last step's mean move (MAX_RESUME_GAP).
 Skipped variants (not installed) are listed, not failed; a variant the budget does not cover (left out, or stopped
