@@ -29,9 +29,8 @@ BNB_OPTIMIZERS = {
 }  # fmt: skip
 
 # The values TRL 1.16 takes for settings it reads only once the trainer is built or at the first step, after the
-# model loaded and the baseline evaluation ran: those its GRPOTrainer compares the setting with
-# (trl/trainer/grpo_trainer.py; tests/test_checks.py reads them from the installed source). The vLLM ones matter
-# only with --use_vllm.
+# model loaded and the baseline evaluation ran: those its GRPOTrainer compares them with (trl/trainer/grpo_trainer.py;
+# tests/test_settings.py reads them from the installed source). The vLLM ones matter only with --use_vllm.
 TRL_CHOICES = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
     "scale_rewards": ("group", "batch", "none"),  # true / false: settings.resolve makes them group / none
@@ -75,7 +74,6 @@ RANGES = {
     "warm_start_learning_rate": (lambda x: 0 < x < math.inf, "must be a positive number (the recipe uses 5e-5)"),
 }
 
-
 # Sampling divides the logits by the temperature: far below 0.01 the quotient overflows (fp32 and bf16 alike end
 # near 3.4e38, so at 1e-40 every logit is inf and sampling fails on NaN probabilities), and well before that sampling
 # is greedy in all but name (a logit gap of 0.1 is already e^10 apart) and the policy's gradients grow as 1 / T.
@@ -115,9 +113,8 @@ def problems(v: dict, *, n_rewards: int, own: dict) -> list[str]:
 
 
 def reward_roles(reward_funcs: list, roles: dict) -> Iterator[str]:
-    """The recipe's REWARD_ROLES against its REWARD_FUNCS: a line for each reward and none for a reward it does not
-    have, each a role ("correct": pays for the right answer; "format") and the most it pays (the health checks and
-    the console's "correct" share divide by it)."""
+    """REWARD_ROLES against REWARD_FUNCS: a line for each reward and none for another, each a role ("correct": pays
+    for the right answer; "format") and the most it pays (health checks and the console's share divide by it)."""
     names = [getattr(func, "__name__", repr(func)) for func in reward_funcs]
     for name in names:
         if name not in roles:
@@ -171,11 +168,6 @@ def changes_the_weights(v: dict) -> Iterator[str]:
         )
 
 
-def fsdp() -> bool:
-    """Whether `accelerate launch` runs this process under FSDP."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
-
-
 def _outside(v: dict, rules: dict) -> list[str]:
     return [f"{n}={v[n]}: {rule}" for n, (ok, rule) in rules.items() if v.get(n) is not None and not ok(v[n])]
 
@@ -193,7 +185,8 @@ def sizes(v: dict) -> Iterator[str]:
     yield from _outside(v, RANGES)
     if v["eval_only"] and v["ask"] is not None:
         yield "eval_only and ask are two modes: choose one"
-    if v.get("warm_start_rows") and runs.trains(v) and (zero_stage() or fsdp()):
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")  # accelerate launch under FSDP
+    if v.get("warm_start_rows") and runs.trains(v) and (zero_stage() or fsdp):
         yield (  # accelerate refuses a second Accelerator with a DeepSpeed plugin: the warm start's, then GRPO's
             "warm_start_rows under DeepSpeed or FSDP: the warm start and GRPO would be two trainers in one process, "
             "which accelerate refuses there; warm-start in a run of its own (python grpo_demo.py ... --warm_start_rows "
@@ -264,14 +257,11 @@ def local_paths(v: dict, own: dict) -> Iterator[str]:
 
 
 def output_folder(v: dict, own: dict) -> Iterator[str]:
-    """The output folder can be made and written: not empty, not a file, on a writable disk; a training run never
-    writes over another run's files or checkpoints (a preset restarts its own folder), and an evaluation is written
-    only beside a run or a model (--ask writes nothing)."""
-    output_dir = v["output_dir"]
-    path = Path(output_dir).expanduser()
+    """The output folder can be written; a training run never writes over another run's files or checkpoints (a preset
+    restarts its own folder), and an evaluation is written only beside a run or a model (--ask writes nothing)."""
+    output_dir, path = v["output_dir"], Path(v["output_dir"]).expanduser()
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
-    training_in = runs.trains(v) and path.is_dir()
-    evaluating_in = v["eval_only"] and path.is_dir()
+    training_in, evaluating_in = runs.trains(v) and path.is_dir(), v["eval_only"] and path.is_dir()
     a_model = any((path / name).is_file() for name in ("config.json", "adapter_config.json"))
     if not output_dir or not str(output_dir).strip():
         yield "output_dir is empty: name a folder for checkpoints and results (--output_dir outputs/my-run)"
@@ -419,8 +409,7 @@ def evaluation_processes(v: dict) -> Iterator[str]:
             f"eval_protocols {' '.join(tasks)}: lm-eval runs its tasks on one whole model in one process, and this "
             f"launch has {world_size()} processes{' under ZeRO-3' if zero_stage() == '3' else ''}: measure "
             f"{after}with python grpo_demo.py --eval_only --model_name_or_path {v['output_dir']} --eval_protocols "
-            f"{' '.join(tasks)}{data} (python, not accelerate "
-            "launch), or leave them out of this launch"
+            f"{' '.join(tasks)}{data} (python, not accelerate launch), or leave them out of this launch"
         )
     elif world_size() > 1 and v["eval_only"]:
         if v["use_vllm"]:
@@ -570,10 +559,9 @@ def enough_data(train, training_args) -> None:
 def model_and_disk(
     model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True, longest_prompt=None
 ) -> None:
-    """What the model's config (a few KB, no weights) can tell before the weights load: that LoRA's target modules
-    exist in the model, that the longest prompt (`longest_prompt()`, tokens) and its completion fit the model's
-    positions (as the evaluation checks its own), and that the disk holds a checkpoint. Stops with a message
-    otherwise."""
+    """Stop, from the model's config alone (a few KB, no weights), a run whose LoRA targets the model lacks, whose
+    longest prompt (`longest_prompt()`, tokens) and completion run past its positions (as the evaluation checks its
+    own), or whose checkpoint the disk cannot hold."""
     import torch
     from transformers import AutoConfig
 

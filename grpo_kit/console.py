@@ -41,11 +41,10 @@ def quiet_libraries() -> None:
     """Filter the library warnings this recipe triggers and cannot act on, each by its text; turn off the
     libraries' own bars (loading and writing weights), so that the training bar is the one."""
     # TRL 1.16's unwrap_model_for_generation reads transformers' deprecated `is_gradient_checkpointing` at every
-    # rollout and evaluation: the rename is TRL's to make (the recipe sets activation_checkpointing itself).
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    # The same function turns checkpointing off for each rollout and on again after it, by transformers' deprecated
-    # names (trl/models/utils.py, `_unwrap_model_for_generation`; transformers 5.24 warns at each call).
-    for name in ("gradient_checkpointing_enable", "gradient_checkpointing_disable"):
+    # rollout and evaluation: the rename is TRL's to make (the recipe sets activation_checkpointing itself). It turns
+    # checkpointing off for each rollout and on again after it, by transformers' deprecated names too
+    # (trl/models/utils.py, `_unwrap_model_for_generation`; transformers 5.24 warns at each call).
+    for name in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable"):
         warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
     for name, start in LIBRARY_LINES:
         target = logging.getLogger(name)
@@ -75,24 +74,17 @@ def _show(value, spec: str) -> str:
 def step_line(step: int, max_steps: int, logs: dict, correct: dict[str, float], rollout: int | None = None) -> str:
     """One logged training step: `step 3/40  reward 1.23  correct 45 %  length 61 (12 % cut)  lr 3e-04  0.9 s/step`.
     `correct`: {logged reward mean: its full marks} of the correctness rewards (health.reward_roles). A step that
-    sampled nothing (a generation batch serving several steps, steps_per_generation) names the step that did,
-    `rollout`."""
+    sampled nothing (one generation batch serving several: steps_per_generation) names the one that did, `rollout`."""
+    trained = f"lr {_show(logs.get('learning_rate'), '.2g')}  {_show(logs.get('step_time'), '.2f')} s/step"
     if "reward" not in logs and rollout is not None:
-        trained = f"lr {_show(logs.get('learning_rate'), '.2g')}  {_show(logs.get('step_time'), '.2f')} s/step"
         return f"step {step}/{max_steps}  on the completions sampled at step {rollout}  {trained}"
     shares = [logs[key] / top for key, top in correct.items() if isinstance(logs.get(key), (int, float))]
     share = 100 * sum(shares) / len(shares) if shares else None
-    cut = logs.get("completions/clipped_ratio")
-    parts = [
-        f"step {step}/{max_steps}",
-        f"reward {_show(logs.get('reward'), '.3f')}",
-        f"correct {_show(share, '.0f')} %",
-        f"length {_show(logs.get('completions/mean_length'), '.0f')}"
-        + (f" ({_show(100 * cut, '.0f')} % cut)" if isinstance(cut, (int, float)) else ""),
-        f"lr {_show(logs.get('learning_rate'), '.2g')}",
-        f"{_show(logs.get('step_time'), '.2f')} s/step",
-    ]
-    return "  ".join(parts)
+    clipped = logs.get("completions/clipped_ratio")
+    cut = f" ({_show(100 * clipped, '.0f')} % cut)" if isinstance(clipped, (int, float)) else ""
+    length = _show(logs.get("completions/mean_length"), ".0f")
+    reward = _show(logs.get("reward"), ".3f")
+    return f"step {step}/{max_steps}  reward {reward}  correct {_show(share, '.0f')} %  length {length}{cut}  {trained}"
 
 
 def install(trainer, correct: dict[str, float], show_completions: bool = False) -> None:
@@ -123,8 +115,7 @@ def install(trainer, correct: dict[str, float], show_completions: bool = False) 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and ("loss" in logs or "reward" in logs):
                 self.rollout = state.global_step if "reward" in logs else self.rollout
-                line = step_line(state.global_step, state.max_steps, logs, correct, self.rollout)
-                tqdm.write(line, file=sys.stdout)
+                tqdm.write(step_line(state.global_step, state.max_steps, logs, correct, self.rollout), file=sys.stdout)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.bar is not None:
@@ -166,9 +157,8 @@ def settings_summary(run, training_args, model_args, rows: int) -> str:
         f"min_p {args.min_p or 0:g}, repetition_penalty {args.repetition_penalty:g}; evaluations greedy; the "
         "model's generation_config.json for its end tokens only",
     ]
-    reuse = (getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps) // max(
-        args.gradient_accumulation_steps, 1
-    )
+    accumulation = max(args.gradient_accumulation_steps, 1)
+    reuse = (getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps) // accumulation
     if reuse > 1:  # TRL samples a generation batch once and trains `reuse` optimizer steps on its slices
         lines.insert(4, f"  rollouts   one generation batch serves {reuse} optimizer steps (steps_per_generation)")
     return "\n".join(lines)

@@ -1,13 +1,12 @@
 """Training health: the few ways a GRPO run goes wrong, said while it goes wrong, with the setting to change.
 
-The checks (`CHECKS`) read what TRL logs at each logged step, with the thresholds below, each with its reason
+The checks (`CHECKS`) read what TRL logs at each logged step, with the thresholds below
 (README.md's "Training health" tables them). A check whose condition holds over its whole window of logged steps
-(never on one noisy step) says once what it sees and what to change: to the console, to the log as `health/<check>`
-(1 while it holds, else 0: wandb draws when it fired), to `<output_dir>/health.json`, to the end-of-run line and as a
-mark in `curves.png`. A metric not logged (another TRL version may name it otherwise) leaves its check silent.
-
-A non-finite gradient skips its update and stops the run with the step's checkpoint, exit code `EXIT_NOT_FINITE`
-(`HealthCallback`). `--health_checks_off NAME ...` (or `all`) turns checks off."""
+says once what it sees and what to change: to the console, to the log as `health/<check>` (1 while it holds, else 0:
+wandb draws when it fired), to `<output_dir>/health.json`, to the end-of-run line and as a mark in `curves.png`. A
+metric not logged (another TRL version may name it otherwise) leaves its check silent. A non-finite gradient skips
+its update and stops the run with the step's checkpoint, exit code `EXIT_NOT_FINITE`. `--health_checks_off NAME ...`
+(or `all`) turns checks off."""
 
 import json
 import logging
@@ -23,9 +22,7 @@ from grpo_kit.stopping import EXIT_NOT_FINITE, EarlyStop
 
 logger = logging.getLogger("grpo_demo")
 
-
-# Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1); a condition
-# must hold on every step of its window, so one noisy step never fires a check.
+# Thresholds, one reason each. Windows count logged steps (one per optimizer step at logging_steps=1).
 TRUNCATED_SHARE = 0.5  # half the completions cut: they have no answer block, so they cannot earn correctness
 TRUNCATED_WINDOW = 3  # short: a cut completion is wasted at once, and half of them three steps running is no noise
 NO_SIGNAL_SHARE = 0.9  # a group whose completions all score alike has advantage 0: it teaches nothing
@@ -56,7 +53,7 @@ SHRINKING = 0.85  # a cause: completions 15 % shorter than at the start, the rea
 COLD = 0.5  # a cause: entropy half the start's, sampling nearer greedy, groups differ less
 
 CHECKS = ("truncation", "no_signal", "format_only", "length_runaway", "entropy_collapse", "not_learning", "not_finite")
-# What each check needs before it can say anything, ok included (not_learning: `Watcher._not_learning_needs`). A run
+# What each check needs before it can say anything, ok included (not_learning: `Watcher.unjudged`). A run
 # that ends sooner says "too few steps to judge" for it: a check that never looked is not a check that passed.
 NEEDS = {
     "truncation": TRUNCATED_WINDOW,
@@ -107,10 +104,9 @@ def _fmt(values: list[float]) -> str:
 
 class Watcher:
     """The checks over a stream of logged entries, independent of any trainer: `observe` one entry at a time. `args`:
-    the run's training settings (a GRPOConfig), whose values the remedies name; `scaled`: an fp16 run, whose gradient
-    scaler makes and skips infinite gradients on purpose, so only the loss counts as not finite; `measured`: how many
-    questions each in-training accuracy measurement asks (then not_learning reads it), 0 where none is made (then it
-    reads the correct share)."""
+    the training settings the remedies name; `scaled`: an fp16 run, whose gradient scaler makes and skips infinite
+    gradients on purpose, so only the loss counts as not finite; `measured`: the questions each in-training accuracy
+    measurement asks (not_learning reads it), 0 where none is made (not_learning reads the correct share)."""
 
     def __init__(self, args, correct: dict[str, float], form: dict[str, float], off=(), scaled=False, measured=0):
         self.args, self.correct, self.form, self.scaled, self.measured = args, correct, form, scaled, measured
@@ -141,8 +137,7 @@ class Watcher:
             self.entropy_start = _mean(self.series[ENTROPY][:ENTROPY_WINDOW])
         metrics, new = {}, []
         for name in self.enabled:
-            seen = getattr(self, f"_{name}")(entry)
-            if seen == UNJUDGED:
+            if (seen := getattr(self, f"_{name}")(entry)) == UNJUDGED:
                 seen = None
             else:
                 self.judged.add(name)
@@ -170,16 +165,9 @@ class Watcher:
             return None
         return _mean([rate / top for rate, top in zip(rates, self.correct.values(), strict=True)])
 
-    def unjudged(self) -> dict[str, str]:
-        """{check: what it needs} of the enabled checks that have had too few steps to judge."""
-        return {name: need for name, need in self._not_judged().items() if not need.startswith("cannot")}
-
-    def cannot_judge(self) -> dict[str, str]:
-        """{check: why} of the enabled checks that had their steps and still could not judge: a metric not logged
-        (another TRL version may name it otherwise), or no reward this recipe reads as correctness."""
-        return {name: need for name, need in self._not_judged().items() if need.startswith("cannot")}
-
-    def _not_judged(self) -> dict[str, str]:
+    def unjudged(self, cannot: bool = False) -> dict[str, str]:
+        """{check: what it needs} of the enabled checks that have had too few steps to judge; `cannot`: {check: why}
+        of those that had their steps and still could not judge (a metric not logged, or no correctness reward)."""
         found = {}
         for name in (n for n in self.enabled if n not in self.judged):
             if name == "not_learning" and self.measured:
@@ -187,7 +175,7 @@ class Watcher:
             else:
                 need, had, what = NEEDS[name], self.steps, "logged steps"
             found[name] = f"needs {need} {what}" if had < need else "cannot judge: a metric it reads was not logged"
-        return found
+        return {name: need for name, need in found.items() if need.startswith("cannot") == cannot}
 
     def _truncation(self, entry):
         if (last := self._last(CLIPPED, TRUNCATED_WINDOW)) is None:
@@ -217,21 +205,16 @@ class Watcher:
         return what, f"more varied groups: {self._more_generations()}{self._warmer(' or ')}"
 
     def _nothing_earned(self) -> bool | None:
-        """Where every completion of every group has earned exactly 0 at every step since the first: whether that is
-        NOTHING_EARNED completions or more (no advantage is non-zero, so the run cannot learn, and waiting for a
-        window of steps would only spend them); None where some completion earned something, or it is not logged."""
+        """Where every completion has earned exactly 0 at every step (no advantage is non-zero: waiting for a window
+        of steps would only spend them): whether that is NOTHING_EARNED completions or more; else None."""
         zero_std, rewards = self.series.get(ZERO_STD, []), self.series.get("reward", [])
         if not (len(zero_std) == len(rewards) == self.steps and min(zero_std) >= 1.0 and max(map(abs, rewards)) == 0):
             return None
-        return self.steps * (self._completions_per_step() or NOTHING_EARNED) >= NOTHING_EARNED
-
-    def _completions_per_step(self) -> int | None:
-        """Completions one optimizer step samples (over every process), None where the settings do not say."""
-        per_device = getattr(self.args, "per_device_train_batch_size", None)
-        accumulation = getattr(self.args, "gradient_accumulation_steps", None)
-        if not (isinstance(per_device, int) and isinstance(accumulation, int)):
-            return None
-        return per_device * accumulation * (getattr(self.args, "world_size", 1) or 1)
+        # the completions one optimizer step samples over every process, where the settings say
+        sizes = [getattr(self.args, n, None) for n in ("per_device_train_batch_size", "gradient_accumulation_steps")]
+        known = all(isinstance(n, int) for n in sizes)
+        per_step = math.prod(sizes) * (getattr(self.args, "world_size", 1) or 1) if known else None
+        return self.steps * (per_step or NOTHING_EARNED) >= NOTHING_EARNED
 
     def _nothing_earned_remedy(self) -> tuple[str, str]:
         """What is wrong when nothing has earned a reward, read off the steps so far, and what fits each cause: more
@@ -408,8 +391,7 @@ class Watcher:
         )
 
     def stops(self, entry: dict) -> bool:
-        """Whether this entry's loss or gradient norm is not finite (and the check is on): the run must stop. Under
-        fp16's gradient scaler only the loss counts (it skips infinite gradients itself)."""
+        """Whether this entry's loss (or, but under fp16's scaler, its gradient norm) is not finite: the run stops."""
         return "not_finite" in self.enabled and any(key in entry and not _finite(entry[key]) for key in self.stop_keys)
 
 
@@ -462,29 +444,25 @@ class HealthCallback(EarlyStop):
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if "not_finite" not in self.watcher.enabled or self.watcher.scaled:
             return  # fp16's scaler skips non-finite steps itself
-        started, finite = time.perf_counter(), self._gradients_finite(model)
-        if finite is False:
-            for param in model.parameters():
-                param.grad = None  # the optimizer leaves a parameter without a gradient as it is: no update
-            self.skipped_step = state.global_step + 1
-        elif finite:
-            self.seen_finite_step = state.global_step + 1
-        self.seconds += time.perf_counter() - started
-
-    def _gradients_finite(self, model) -> bool | None:
-        """Whether every process's gradients are finite (one reduction, so that every process skips alike); None
-        where no process holds them (DeepSpeed keeps its own)."""
+        started = time.perf_counter()
+        # Whether every process's gradients are finite, in one reduction so that every process skips alike: [finite,
+        # -seen] reduced with MIN, "seen" read as "some process holds gradients" (under DeepSpeed none does)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a sharded (FSDP) gradient
         device = grads[0].device if grads else self.trainer.accelerator.device
-        # [finite, seen]: reduced with MIN, then MAX of "seen" is read as "some process saw gradients"
         sums = [g.sum(dtype=torch.float32).to(device) for g in grads]  # a model spread over GPUs sums on each
         finite = torch.stack(sums).sum().isfinite() if grads else True
         flags = torch.tensor([float(finite), -float(bool(grads))], device=device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
         finite, seen = flags.tolist()
-        return bool(finite) if seen < 0 else None
+        if seen < 0 and not finite:
+            for param in model.parameters():
+                param.grad = None  # the optimizer leaves a parameter without a gradient as it is: no update
+            self.skipped_step = state.global_step + 1
+        elif seen < 0:
+            self.seen_finite_step = state.global_step + 1
+        self.seconds += time.perf_counter() - started
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.watcher.scaled or "not_finite" not in self.watcher.enabled:
@@ -494,13 +472,11 @@ class HealthCallback(EarlyStop):
             control.should_log = True  # (DeepSpeed) they are the check; where not finite, they show what was skipped
         if step != self.skipped_step:
             return
-        # This step's update was skipped: say so; before the last step (where the run ends anyway, with the weights
-        # before this update), save its checkpoint and stop.
+        # This step's update was skipped: said; before the last step (after which the run ends anyway), saved, stopped
         what = "the gradients are not finite: this step's update was skipped"
         self._say(self.watcher.record("not_finite", step, what, self.watcher.not_finite_remedy()))
         if step < state.max_steps:
             self._keep_older_checkpoints()
-            # safe to resume from
             saved = f"{layout.checkpoint_name(step)}, holding the weights before this step's update"
             self.stop_here(state, control, reason="the gradients are not finite", save=True, saved=saved)
 
@@ -561,7 +537,7 @@ class HealthCallback(EarlyStop):
         record = {"status": self.status(), "stopped": self.stopped, "findings": self.watcher.findings}
         record.update(checks={name: name in self.watcher.enabled for name in CHECKS}, cost=cost)
         record["too_few_steps"] = self.watcher.unjudged()  # check: what it needs to judge (the run had fewer)
-        record["cannot_judge"] = self.watcher.cannot_judge()  # check: why, though the run had its steps
+        record["cannot_judge"] = self.watcher.unjudged(cannot=True)  # check: why, though the run had its steps
         measured = self.watcher.measured  # what not_learning judges
         record["not_learning_reads"] = f"{ACCURACY} ({measured} questions)" if measured else "the correct share"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -575,14 +551,14 @@ class HealthCallback(EarlyStop):
             lines = [f"Training health: no finding, but too few steps to judge {len(unjudged)} of {enabled} checks "
                      f"({self.watcher.steps} logged) ({self.path})"]  # fmt: skip
         else:
-            judged = enabled - len(self.watcher.cannot_judge())
+            judged = enabled - len(self.watcher.unjudged(cannot=True))
             lines = [f"Training health: ok ({judged} checks, {self.path})"]
         lines += [f"  step {f['step']}: {f['check']} -> {f['change']}" for f in self.watcher.findings]
         if self.stopped:
             lines.append("  stopped at step {step}: {reason}; saved {saved}".format(**self.stopped))
         if unjudged:
             lines.append("  too few steps to judge: " + ", ".join(f"{name} {n}" for name, n in unjudged.items()))
-        if cannot := self.watcher.cannot_judge():
+        if cannot := self.watcher.unjudged(cannot=True):
             lines.append("  " + "; ".join(f"{name}: {why}" for name, why in cannot.items()))
         return "\n".join(lines)
 
@@ -600,9 +576,8 @@ class _EndOfRunLine(TrainerCallback):
 
 def watch(trainer, off, declared: dict[str, tuple[str, float]], measured: int = 0) -> HealthCallback:
     """Put the health checks on `trainer` (all but those in `off`; `all` for none) and return them; `declared`: what
-    each reward judges and pays at most (`reward_roles`; checked against the rewards with the settings:
-    `checks.reward_roles`); `measured`: the questions each in-training accuracy
-    measurement asks, 0 for none."""
+    each reward judges and pays at most (`reward_roles`; checked with the settings: `checks.reward_roles`);
+    `measured`: the questions each in-training accuracy measurement asks, 0 for none."""
     scaled = getattr(trainer.accelerator, "scaler", None) is not None  # fp16 with a gradient scaler
     roles = reward_roles(declared)
     health = HealthCallback(trainer, Watcher(trainer.args, *roles, off=off, scaled=scaled, measured=measured))

@@ -9,6 +9,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -46,9 +47,8 @@ def disk_full(err: BaseException) -> bool:
     . unexpected pos" (caffe2/serialize/inline_container.cc, checked on torch 2.13)."""
     while err is not None:
         text = str(err)
-        if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in text:
-            return True
-        if "inline_container.cc" in text and "unexpected pos" in text:
+        full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in text
+        if full or ("inline_container.cc" in text and "unexpected pos" in text):
             return True
         err = err.__cause__ or err.__context__
     return False
@@ -102,22 +102,16 @@ def starts_again(args: list[str]) -> bool:
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command that continues this run, to print as it stops: this process's own command line (preset, --config
-    and every setting it changed), its --resume_from_checkpoint replaced by `latest`; under a launcher, that launcher's
-    line around it."""
-    import shlex
-
+    """The command that continues this run, to print as it stops: this process's own command line, its
+    --resume_from_checkpoint replaced by `latest`; under a launcher, that launcher's line around it."""
     argv = public(list(sys.argv if argv is None else argv))  # a token stays out of the log: the user gives it again
-    script, args, kept = argv[0], argv[1:], []
-    again = starts_again(args)
-    skip = False
+    script, args, kept = argv[0], iter(argv[1:]), []
     for arg in args:
-        if skip:
-            skip = False
-        elif arg in ("--resume_from_checkpoint", "--resume-from-checkpoint"):
-            skip = True
+        if arg in ("--resume_from_checkpoint", "--resume-from-checkpoint"):
+            next(args, None)  # and its value
         elif not arg.startswith(("--resume_from_checkpoint=", "--resume-from-checkpoint=")):
             kept.append(arg)
+    again = starts_again(argv[1:])
     line = shlex.join([script, *kept] if again else [script, *kept, "--resume_from_checkpoint", "latest"])
     return f"accelerate launch <as before> {line}" if world_size() > 1 else f"python {line}"
 
@@ -125,8 +119,6 @@ def resume_command(argv: list[str] | None = None) -> str:
 def ask_command(model_dir: str, question: str, argv: list[str] | None = None) -> str:
     """The command that asks the model a run saved a question: the run's preset, --config and answer tags (what
     shapes the prompt), its model folder and the question."""
-    import shlex
-
     argv = list(sys.argv if argv is None else argv)
     kept, valued = [], ("--config", "--tiny_model", "--reasoning_tag", "--answer_tag")
     for i, arg in enumerate(argv[1:], 1):
@@ -164,10 +156,9 @@ def alive(pid: int, started: str | None) -> bool:
 
 
 def claim(output_dir: str | Path) -> Path:
-    """Hold `output_dir` for this process until it exits: `<output_dir>/.run.lock` with its pid and host (and Slurm
-    job: Slurm sets SLURM_RESTART_COUNT from the first requeue on). A lock whose process is gone (a killed run), or
-    left by an earlier run of this requeued Slurm job (which may have run on another machine: Slurm ends one run of
-    a job before it starts the next), is taken over, saying so; a live one is refused."""
+    """Hold `output_dir` for this process until it exits (`.run.lock`: pid, host, Slurm job). A lock whose process is
+    gone, or left by an earlier run of this requeued Slurm job (Slurm ends one run of a job before it starts the next,
+    maybe on another machine; SLURM_RESTART_COUNT counts them), is taken over; a live one is refused."""
     path = layout.path(output_dir, layout.LOCK)
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # the folders this run makes
     try:
@@ -181,10 +172,9 @@ def claim(output_dir: str | Path) -> Path:
     me |= {"slurm_job": job, "slurm_restart": restart} if job else {}
     while True:
         try:
+            since = datetime.now(UTC).isoformat(timespec="seconds")
             with path.open("x", encoding="utf-8") as f:
-                json.dump(
-                    {**me, "since": datetime.now(UTC).isoformat(timespec="seconds"), "command": public(sys.argv)}, f
-                )
+                json.dump({**me, "since": since, "command": public(sys.argv)}, f)
             break
         except FileExistsError:
             holder = layout.read_json(path, {})  # {} while being written, or damaged
@@ -226,20 +216,17 @@ def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, st
     were that preset's (their run record says so), it holds only what a run writes (`not_written_by_a_run`) and
     this run reads none of it (`reads`: {setting: path}, a start model or data inside it); else refuse, naming why."""
     folder = Path(output_dir)
-    inside = [
-        f"--{setting} {path}"
-        for setting, path in (reads or {}).items()
-        if path
-        and Path(path).expanduser().exists()
-        and folder.resolve() in (where := Path(path).expanduser().resolve(), *where.parents)
-    ]
+    inside = []
+    for setting, path in (reads or {}).items():
+        where = Path(path).expanduser().resolve() if path else None
+        if where and where.exists() and folder.resolve() in (where, *where.parents):
+            inside.append(f"--{setting} {path}")
     if inside:
         raise RecipeError(
             f"--{preset} starts afresh in {folder}, clearing what its runs wrote there, and this run reads "
             f"{', '.join(inside)} inside it: copy that out of {folder} first, or give the preset another --output_dir"
         )
-    contents = [p for p in folder.iterdir() if p.name != layout.LOCK] if folder.is_dir() else []
-    if not contents:
+    if not folder.is_dir() or all(p.name == layout.LOCK for p in folder.iterdir()):
         return
     foreign = layout.not_written_by_a_run(folder)
     settings = (layout.read_record(folder) or {}).get("settings") or {}
@@ -397,20 +384,20 @@ def changed_settings(path: str, values: dict) -> tuple[list[str], str]:
 
 
 def resume(values: dict) -> str | None:
-    """The checkpoint a run resumes from: `latest` resolved to the newest complete one (saying which newer ones are
-    incomplete), None for a fresh start; refused when the run's fixed settings differ from its start's."""
+    """The checkpoint a run resumes from (`latest` resolved), None for a fresh start; refused when the run's fixed
+    settings differ from its start's."""
     path = asked = values["resume_from_checkpoint"]
     if asked in RESUME_LATEST:
         path = latest(values)
     if not (path and trains(values)):
         return path
     step, end = layout.step_and_end(path, values["max_steps"])
-    if 0 < end <= step and finished(Path(path).parent, step):
-        raise RecipeError(
-            f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
-            "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
-        )
-    if 0 < end <= step:  # stopped in or after the final evaluation, before the model was saved
+    if 0 < end <= step:  # the last step: finished, or stopped in or after the final evaluation, before the model
+        if finished(Path(path).parent, step):
+            raise RecipeError(
+                f"{path} is at step {step}, and this run ends at max_steps={end}: nothing to train. "
+                "Train longer with a larger --max_steps (and --allow_changed_settings true), or start a new run"
+            )
         logger.warning(
             "%s is the run's last step, and the run has no final model: finishing it (final evaluation, model)", path
         )
@@ -428,10 +415,9 @@ def resume(values: dict) -> str | None:
 
 
 def _torch_file(path: Path, mmap: bool = False, map_location: str | None = "cpu") -> dict | None:
-    """A checkpoint's torch file as tensors and plain values only (`weights_only`: nothing unpickled runs; {} when it
-    holds no dict), None when absent or unreadable (any damage: a zip entry's CRC, an unpickling error, a wrong type;
-    DeepSpeed keeps its own optimizer); `mmap`: tensors mapped, not read (the optimizer's state is 12 bytes a
-    parameter)."""
+    """A checkpoint's torch file, `weights_only` (nothing unpickled runs; {} when it holds no dict), None when absent
+    or damaged in any way (DeepSpeed keeps its own optimizer); `mmap`: tensors mapped, not read (an optimizer's state
+    is 12 bytes a parameter)."""
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
@@ -444,11 +430,9 @@ def _torch_file(path: Path, mmap: bool = False, map_location: str | None = "cpu"
 
 
 def checkpoint_settings(checkpoint: str | Path) -> dict:
-    """The fixed settings a checkpoint holds itself, for one copied without its run's record. transformers also
-    pickles the whole TrainingArguments into training_args.bin, which only an unsafe unpickling reads; so it is not
-    read. Compared instead: learning_rate (the scheduler's base rate), adam_beta1, adam_beta2 and weight_decay (the
-    optimizer's parameter groups; the decayed group's rate), per_device_train_batch_size (trainer_state.json's
-    train_batch_size). Those it does not hold are left out."""
+    """The fixed settings a checkpoint holds itself, for one copied without its run's record (not training_args.bin:
+    only an unsafe unpickling reads it): the scheduler's base rate, the optimizer groups' betas and (decayed group's)
+    weight_decay, and trainer_state.json's train_batch_size."""
     folder, found = Path(checkpoint), {}
     if rates := (_torch_file(folder / "scheduler.pt") or {}).get("base_lrs"):
         found["learning_rate"] = max(rates)
@@ -512,10 +496,8 @@ def same_data(train, run, training_args) -> None:
 
 def same_data_order(trainer) -> None:
     """A run resumed in a later epoch trains on the prompts, in the order, of the run that never stopped. TRL's
-    RepeatSampler shuffles each epoch with the next permutation of one generator seeded once; the Trainer skips the
-    resumed epoch's trained steps but makes a new sampler, whose first permutation is the first epoch's: every step
-    after the resume would train on other prompts. So at the start of training the sampler draws the permutations
-    of the epochs the checkpoint holds, as the run that never stopped did."""
+    RepeatSampler shuffles each epoch with the next permutation of one generator seeded once, and the resumed Trainer
+    makes a new sampler: it first draws the permutations of the epochs the checkpoint holds."""
     import torch
     from transformers import TrainerCallback
 
@@ -567,10 +549,8 @@ def hardware() -> dict:
 def write_run_record(output_dir, settings: dict, dataset, seed: int, model: dict | None = None, resumed_from=None):
     """Write `<output_dir>/run_record.json` and return it. A resumed run keeps the record its start wrote (command,
     settings, commit) and adds an entry to its `resumes`: when, the command, the checkpoint, versions and commit."""
-    now, record = (
-        datetime.now(UTC).isoformat(timespec="seconds"),
-        layout.read_record(output_dir) if resumed_from else None,
-    )
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    record = layout.read_record(output_dir) if resumed_from else None
     environment = {name: os.environ[name] for name in sorted(CONFIG_ENV) if name in os.environ}
     facts = {"recipe": recipe_commit(), "versions": package_versions(), "hardware": hardware(), "env": environment}
     if record is not None:
@@ -601,9 +581,8 @@ def model_facts(model) -> dict:
 
 
 def start(trainer, settings: dict, dataset) -> dict | None:
-    """Rotate the trainer's checkpoints by `rotate_checkpoints`, resume on the data order of the run that never
-    stopped (`same_data_order`); write the run record (main process), link it from wandb, and note peak GPU memory
-    into it at the end."""
+    """Rotate the trainer's checkpoints by `rotate_checkpoints`, resume on the run's data order (`same_data_order`);
+    write the run record (main process), link it from wandb, and note peak GPU memory into it at the end."""
     from transformers import TrainerCallback
 
     patches.rotate_after_save(trainer, rotate_checkpoints)

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,14 +220,6 @@ def yaml_arguments(parser, values: dict, path: Path | None) -> tuple[list[str], 
     return tokens, direct, unknown
 
 
-def run_names(model_name: str) -> dict:
-    """outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`."""
-    base = model_name.rstrip("/").split("/")[-1]
-    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
-    short = f"{match[1]}-{match[2]}" if match else base
-    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
-
-
 RESUME_HELP = (
     "latest (or true): the newest complete checkpoint-N in --output_dir; or a checkpoint folder. Checked before "
     "anything loads: its weights, optimizer, scheduler, RNG and trainer state are whole (a cut one is skipped), and "
@@ -283,33 +276,24 @@ def _parser(config: Path | None = None):
 def short_help(parser) -> str:
     """`--help`: the settings people change first, then the recipe's own, each with its default (the recipe's,
     or the preset's when one is given); the rest (TRL's GRPOConfig, ModelConfig) named by --help-all."""
-    import textwrap
-
-    actions = {}
-    for action in parser._actions:  # the first of a dest: --final_eval, not its --no_final_eval
-        if action.option_strings:
-            actions.setdefault(action.dest, action)
+    # the first of a dest: --final_eval, not its --no_final_eval
+    actions = {action.dest: action for action in reversed(parser._actions) if action.option_strings}
     recipe = [f.name for f in dataclasses.fields(RunArguments) if f.name not in FIRST_SETTINGS]
     script = Path(sys.argv[0]).name
 
     def line(dest: str, text: str | None) -> list[str]:
-        action = actions[dest]
-        text = text or action.help or ""
         default = parser.get_default(dest)
         if isinstance(default, (bool, list)):  # as they are typed: --use_peft true, --report_to wandb none
             default = " ".join(map(str, default)) if isinstance(default, list) else str(default).lower()
         shown = "" if default in (None, "") or dest == "config" else f" [{default}]"
         head = f"  --{dest}{shown}"
-        body = textwrap.wrap(text, 118 - 34) or [""]
+        body = textwrap.wrap(text or actions[dest].help or "", 118 - 34) or [""]
         first = f"{head:<34}{body[0]}" if len(head) < 34 else f"{head}\n{'':34}{body[0]}"
         return [first, *(f"{'':34}{rest}" for rest in body[1:])]
 
     lines = [f"python {script} [--config FILE] [--smoke | --demo] [--setting value ...]", "", "Start here:"]
-    for dest, text in FIRST_SETTINGS.items():
-        lines += line(dest, text)
-    lines += ["", "The recipe's evaluation, data and checks:"]
-    for dest in recipe:
-        lines += line(dest, None)
+    lines += [row for dest, text in FIRST_SETTINGS.items() for row in line(dest, text)]
+    lines += ["", "The recipe's evaluation, data and checks:", *[row for dest in recipe for row in line(dest, None)]]
     rest = len(actions) - len(FIRST_SETTINGS) - len(recipe) - 1  # less -h
     lines += [
         "",
@@ -320,8 +304,7 @@ def short_help(parser) -> str:
 
 
 def answer_help(parser, argv: list[str]) -> list[str]:
-    """`--help`: the short help, then exit; `--help-all`: left to argparse (every field, TRL's and transformers'
-    texts) as its `--help`."""
+    """`--help`: the short help, then exit; `--help-all`: argparse's own `--help` (every field, with TRL's texts)."""
     if "--help-all" in argv:
         return ["--help" if arg == "--help-all" else arg for arg in argv]
     if "-h" in argv or "--help" in argv:
@@ -365,7 +348,11 @@ def machine_defaults(recipe_defaults: dict, chosen: dict, preset: str | None, co
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
-    return {**run_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
+    # outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`
+    base = chosen.get("model_name_or_path", defaults["model_name_or_path"]).rstrip("/").split("/")[-1]
+    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
+    short = f"{match[1]}-{match[2]}" if match else base
+    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k", **defaults}
 
 
 def beside_the_model(values: dict, own: dict) -> str:
@@ -397,21 +384,18 @@ def resolve(argv: list[str] | None, recipe_defaults: dict, reward_funcs: list, r
         raise RecipeError(f"Invalid setting: {bad[0].encode('utf-8', 'surrogateescape')!r} is not UTF-8 text")
     argv, yaml_values, config = read_config(argv)  # its env: first, before torch, trl or the Hub's libraries load
     console.quiet_libraries()
-
     chosen = {k: v for k, v in {**yaml_values, **given_on_command_line(argv)}.items() if v is not None}
     preset = presets.chosen(chosen)
     defaults = machine_defaults(recipe_defaults, chosen, preset, config)
-
     parser = _parser(config)
     tokens, direct, unknown = yaml_arguments(parser, yaml_values, config)  # typed like the command line's
     parser.set_defaults(**{**defaults, **direct})
     argv = answer_help(parser, argv)
     namespace, unknown_cli = parser.parse_known_args(tokens + argv)  # the command line's come last: they win
     if config and {"compute_environment", "distributed_type"} <= set(unknown):  # configs/zero3.yaml, ddp.yaml...
-        rest = shlex.join(argv)  # the command line but --config FILE
         raise RecipeError(
             f"{config} is an accelerate config (how processes launch), not the recipe's settings: "
-            f"accelerate launch --config_file {config} {Path(sys.argv[0]).name} {rest}".rstrip()
+            f"accelerate launch --config_file {config} {Path(sys.argv[0]).name} {shlex.join(argv)}".rstrip()
         )
     where = ((f"in {config}", unknown), ("on the command line", unknown_cli))
     if found := [f"{place}: {runs.public(names)}" for place, names in where if names]:

@@ -4,9 +4,8 @@ The step in progress finishes; every process stops after the same step (a reduct
 saves while another waits in a collective), saved as a checkpoint where its weights are sound; the run writes its
 state and curves, says why it stopped and what to do next, and exits with a code that tells a script the same
 (`EXIT_*`). Non-finite values are `health.py`'s to stop on; SIGTERM, SIGUSR1 (a scheduler before a time limit or
-preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s: what each does
-is said where it is handled (and in README.md). Before the first step (loading, the baseline evaluation) nothing is
-trained, so nothing is saved: the run stops at once (`stop_at_once_until_training`)."""
+preemption; `kill`), SIGHUP (a closed terminal, a lost ssh connection) and Ctrl-C are `on_signals`'s (README.md).
+Before the first step nothing is trained, so nothing is saved: the run stops at once (`stop_at_once_until_training`)."""
 
 import json
 import logging
@@ -34,7 +33,7 @@ MODEL_ONLY = (
 )
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP", "SIGINT")  # the order of the flags every process reduces
 # Where a launcher that cannot read the processes' exit codes (torchrun exits 1 whatever they exit with) asks to be
-# told of a resumable stop: slurm/grpo.sbatch sets it. The main process writes a JSON object there (`stop_record`).
+# told of a resumable stop: slurm/grpo.sbatch sets it. The main process writes a JSON object there (`write_record`).
 STOP_RECORD_ENV = "GRPO_STOP_RECORD"
 
 
@@ -42,32 +41,36 @@ _BEFORE_TRAINING: dict[int, object] = {}  # the handlers `stop_at_once_until_tra
 _STOPPING = {"now": False}  # a stop before the first step is under way in this process
 
 
+def _handle(names, handler) -> dict:
+    """`handler` set for each signal of `names` that the process does not ignore (one ignored at start stays ignored,
+    as Python leaves an ignored Ctrl-C): {number: the handler it replaced}. Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    numbers = [number for name in names if (number := getattr(signal, name, None))]  # no SIGUSR1, SIGHUP on Windows
+    return {n: signal.signal(n, handler) for n in numbers if signal.getsignal(n) is not signal.SIG_IGN}
+
+
 def stop_at_once_until_training(args) -> None:
-    """From here until the trainer's first step, SIGTERM, SIGUSR1 and SIGHUP stop the run at once (loading and a
-    1,319-question baseline take minutes, a scheduler's grace period less): `before_first_step` says so and raises
-    SystemExit(EXIT_STOPPED), which every `finally` on its way out runs past, as it does for `sys.exit`. `on_signals`
-    takes over once the trainer is built, and restores the handlers this replaced.
-    Ctrl-C keeps Python's own (KeyboardInterrupt, exit 130), as a signal ignored at start stays ignored."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        return
-    for name in SIGNALS[:-1]:  # not SIGINT
-        number = getattr(signal, name, None)  # no SIGUSR1 or SIGHUP on Windows
-        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
-            _BEFORE_TRAINING.setdefault(number, signal.getsignal(number))
-            signal.signal(number, lambda signum, frame: before_first_step(args, signal.Signals(signum).name))
+    """Until the trainer's first step, SIGTERM, SIGUSR1 and SIGHUP stop the run at once (loading and a 1,319-question
+    baseline take minutes, a scheduler's grace period less), by SystemExit: every `finally` on the way out runs.
+    `on_signals` takes over and restores the handlers this replaced; Ctrl-C keeps Python's own (exit 130)."""
+
+    def stop(signum, frame):
+        before_first_step(args, signal.Signals(signum).name)
+
+    for number, handler in _handle(SIGNALS[:-1], stop).items():
+        _BEFORE_TRAINING.setdefault(number, handler)
 
 
 def before_first_step(args, name: str, main: bool | None = None) -> None:
     """Stop on signal `name` before the first step: said, the stop record written (the newest checkpoint is the one
-    the run resumed from, or none: nothing lost, nothing new), then the process exits EXIT_STOPPED (SystemExit)."""
+    the run resumed from, or none: nothing lost, nothing new), then SystemExit(EXIT_STOPPED)."""
     if _STOPPING["now"]:
         return  # the same request again (Slurm signals every process, accelerate launch passes it on too)
     _STOPPING["now"] = True
-    from grpo_kit.runs import resume_command
-
     step = resumed_step(args)
     main = getattr(args, "process_index", 0) == 0 if main is None else main
-    then = f"Start it again: {resume_command()}" if step is None else f"Continue the run: {resume_command()}"
+    then = f"Start it again: {runs.resume_command()}" if step is None else f"Continue the run: {runs.resume_command()}"
     since = "it started" if step is None else f"it resumed from checkpoint-{step}"
     if main:
         say_or_detach(f"\n{name} before the first step: nothing trained since {since}, nothing to save. Stopped "
@@ -78,9 +81,8 @@ def before_first_step(args, name: str, main: bool | None = None) -> None:
 
 class EarlyStop(TrainerCallback):
     """What every way of stopping early shares: `stop_here`, in a step's hook, asks the trainer to save this step (or
-    not) and stop after it, and records why; `report`, once the run's state and curves are written (and every
-    process got that far), says so and returns the exit code the process ends with (None: not stopped). Under
-    --save_only_model nothing resumes: the stop says so, and exits EXIT_NOT_RESUMABLE where it would exit 75."""
+    not) and stop after it; `report`, once the run's state is written, says why and returns the exit code (None: not
+    stopped). Under --save_only_model nothing resumes: it says so, and exits EXIT_NOT_RESUMABLE instead of 75."""
 
     exit_code = 1
     then = None  # what to do next, said with the stop; None: the command that continues the run
@@ -102,9 +104,7 @@ class EarlyStop(TrainerCallback):
     def report(self) -> int | None:
         if not self.stopped:
             return None
-        from grpo_kit.runs import resume_command
-
-        then, code = self.then or f"Continue the run: {resume_command()}", self.exit_code
+        then, code = self.then or f"Continue the run: {runs.resume_command()}", self.exit_code
         if self.model_only:
             where = self.trainer.args.output_dir
             start = os.path.join(where, self.checkpoint) if self.checkpoint else f"the newest checkpoint in {where}"
@@ -121,10 +121,9 @@ def exit_code(*stops: EarlyStop) -> int:
 
 
 def record(stop: "StopOnSignal") -> None:
-    """Where $GRPO_STOP_RECORD names a file and `stop` stopped the run resumably (exit 75), the main process writes
-    it (`write_record`). Every process agreed on that step (the reduction in `on_step_end`) and saved its part before
-    the run's last barrier, which follows this: no process ends, and so no launcher (srun --kill-on-bad-exit) stops
-    the others, before the record is written."""
+    """Where `stop` stopped the run resumably (exit 75), the main process writes the stop record. Every process agreed
+    on that step and saved its part, and the run's last barrier follows this: no process ends (and so no launcher, srun
+    --kill-on-bad-exit, stops the others) before the record is written."""
     if stop.main and stop.stopped and stop.exit_code == EXIT_STOPPED and not stop.model_only:
         step = stop.stopped["step"]
         write_record(stop.trainer.args, EXIT_STOPPED, step, stop.stopped["reason"], reached=step)
@@ -152,20 +151,8 @@ def resumed_step(args) -> int | None:
     return layout.step_of(os.path.normpath(start)) if start else None
 
 
-def server_mode(args) -> bool:
-    """Whether the run generates with a vLLM server (TRL's `vllm_mode` "server"), which a preemption ends too."""
-    return bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "server"
-
-
-def newest_step(output_dir: str) -> int | None:
-    """The step of the newest checkpoint in `output_dir` that a resume can use (every part saved), None where none."""
-    complete = [p for p in layout.checkpoints(output_dir) if not runs.missing_parts(p)]
-    return layout.step_of(complete[-1]) if complete else None
-
-
 class StopOnSignal(EarlyStop):
-    """SIGTERM, SIGUSR1, SIGHUP and Ctrl-C: the step in progress finishes and is saved, then the run stops (module
-    docstring). `receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two
+    """`receive`, the signal handler, only notes the signal (Python runs it in the main thread, between two
     instructions); `on_step_end` reduces the notes of every process, so that all stop after the same step."""
 
     def __init__(self, trainer):
@@ -229,11 +216,9 @@ class StopOnSignal(EarlyStop):
 
 
 def say_or_detach(text: str) -> None:
-    """Write `text` (if any) to stderr. Where stdout or stderr is gone (a hangup: a closed window or a lost ssh
-    connection takes the terminal, and a pipe's reader such as `| tee` with it), it is first pointed at os.devnull:
-    the run's next lines (the progress bar, the logs) would fail it before its checkpoint is saved. os.write, not
-    print or logging: a handler writing to a buffered stream that the main thread is in the middle of writing to
-    raises "reentrant call"."""
+    """Write `text` (if any) to stderr; where stdout or stderr is gone (a hangup takes the terminal, and a pipe's
+    reader such as `| tee` with it), point it at os.devnull first: the run's next lines would fail before the
+    checkpoint is saved. os.write: printing to a stream the main thread is writing to raises "reentrant call"."""
     for fd in (1, 2) if hasattr(select, "poll") else ():  # stdout, stderr
         poll = select.poll()
         poll.register(fd, select.POLLOUT)
@@ -249,32 +234,25 @@ def say_or_detach(text: str) -> None:
 @contextmanager
 def on_signals(trainer):
     """Within this block SIGTERM, SIGUSR1, SIGHUP and Ctrl-C stop `trainer`'s run after the step in progress, with its
-    checkpoint (see the module docstring); the handlers before it are put back after it. A signal the process was
-    started ignoring (nohup, a shell's background job) stays ignored, as Python leaves an ignored Ctrl-C. Under
-    --save_only_model, whose checkpoints cannot be resumed, the run says so as it starts. With a vLLM server, a step
-    that fails after a stop signal came (the server, which a preemption signals with the training, gone mid-step)
-    leaves a stop record of the newest complete checkpoint (`write_record`), the steps after it lost, and raises on.
-    Without one a failure is a failure, even after a signal (torchrun's SIGTERM to the others when one process
-    crashed): no record. (Before the first step a signal stops the run itself, recorded as a stop with nothing newer
-    saved: `before_first_step`; a crash while loading that torchrun answers so is requeued, up to the Slurm
-    script's cap on runs without a newer checkpoint.)"""
+    checkpoint; the handlers before it are put back after it. With a vLLM server (which a preemption signals with the
+    training), a step that fails after a stop signal leaves a stop record of the newest complete checkpoint and
+    raises on. Without one a failure is a failure, even after a signal (torchrun's SIGTERM to the others when one
+    process crashed): no record."""
     stop = StopOnSignal(trainer)
     if stop.model_only and stop.main:
         logger.warning("%s: SIGTERM, SIGUSR1 or SIGHUP saves the step's model and exits 1, not 75", MODEL_ONLY)
     trainer.callback_handler.callbacks.insert(0, stop)  # before the accuracy callback: a stop skips its evaluation
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-        for name in SIGNALS:
-            number = getattr(signal, name, None)  # no SIGUSR1 or SIGHUP on Windows
-            if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
-                previous[number] = signal.signal(number, stop.receive)
+    previous = _handle(SIGNALS, stop.receive)
     try:
         yield stop
-    except Exception as err:  # vLLM's server, which a preemption signals with the training, gone mid-step
+    except Exception as err:
         args = trainer.args
-        if stop.received and not stop.stopped and stop.main and not stop.model_only and server_mode(args):
+        server = getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"  # TRL's modes
+        if stop.received and not stop.stopped and stop.main and not stop.model_only and server:
             reason = f"{stop.received} received, then the step in progress failed ({type(err).__name__})"
-            write_record(args, 1, newest_step(args.output_dir), reason, reached=trainer.state.global_step)
+            complete = [p for p in layout.checkpoints(args.output_dir) if not runs.missing_parts(p)]  # resumable
+            newest = layout.step_of(complete[-1]) if complete else None
+            write_record(args, 1, newest, reason, reached=trainer.state.global_step)
         raise
     finally:
         for number, handler in previous.items():

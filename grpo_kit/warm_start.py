@@ -1,15 +1,12 @@
-"""A supervised warm start before GRPO (`--warm_start_rows N`): for a model that never writes the answer format.
+"""A supervised warm start before GRPO (`--warm_start_rows N`), for a model that never writes the answer format.
 
-GRPO learns from the differences within a group: where no completion writes the tags, every reward is 0, every
-advantage is 0 and nothing is learned (a 135 M chat model asked for the format writes plain prose: docs/real_model.md).
-One epoch of supervised fine-tuning (TRL's SFTTrainer, loss on the completion only) on N GSM8K train solutions
-rewritten in the format teaches it enough of the form that some completions earn the format rewards; GRPO then has
-groups that differ. The rows are a fixed draw of the training rows whose solution fits in --max_completion_length
-(never a held-out or test row; a longer one is dropped, as a cut solution would teach an answer that never closes);
-the model is saved in `<output_dir>/warm-start` and GRPO starts from it (its baseline evaluation measures it). Every
-weight trains, in fp32 (before a LoRA run too: about 16 bytes a parameter with AdamW). The folder is kept with the
-terms that made it and reused while they hold; a resumed full fine-tuning needs none (its checkpoint holds every
-weight), a resumed LoRA run needs the very base its adapter was trained on."""
+Where no completion writes the tags, every reward and advantage is 0 and GRPO learns nothing (a 135 M chat model
+writes plain prose: docs/real_model.md). One epoch of SFT (TRL's SFTTrainer, loss on the completion only) on N GSM8K
+train solutions in the format teaches enough of the form that some completions earn the format rewards. The rows are
+a fixed draw of the training rows whose solution fits in --max_completion_length (a cut one would teach an answer that
+never closes). Every weight trains, in fp32 (before a LoRA run too: about 16 bytes a parameter with AdamW), into
+`<output_dir>/warm-start`, where GRPO starts; kept with the terms that made it and reused while they hold. A resumed
+full fine-tuning needs none (its checkpoint holds every weight); a resumed LoRA run needs the base it trained on."""
 
 import gc
 import hashlib
@@ -31,15 +28,14 @@ CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, `48/2=
 
 
 def solution_text(answer_format, gsm8k_solution: str) -> str:
-    """A GSM8K solution (`reasoning ... #### 72`) in the answer format, its calculator annotations removed and no
-    newline after the closing tag: the chat template ends the turn there."""
+    """A GSM8K solution (`reasoning ... #### 72`) in the answer format, without calculator annotations or a newline
+    after the closing tag (the chat template ends the turn there)."""
     return answer_format.gsm8k_solution(CALCULATOR.sub("", gsm8k_solution)).rstrip("\n")
 
 
 def examples(train, n: int, seed: int, answer_format, tokenizer=None, max_tokens: int | None = None):
-    """`n` training rows, a fixed draw for `seed`, as prompt-completion chats: the row's prompt, and its GSM8K
-    solution in the answer format (`solution_text`). With `tokenizer`, only rows whose solution and end of turn fit
-    in `max_tokens` are drawn from (the others counted and said)."""
+    """`n` training rows, a fixed draw for `seed`, as prompt-completion chats (`solution_text`). With `tokenizer`,
+    only rows whose solution and end of turn fit in `max_tokens` are drawn from."""
     from datasets import Dataset
 
     texts = [solution_text(answer_format, s) for s in train["solution"]]
@@ -61,9 +57,19 @@ def examples(train, n: int, seed: int, answer_format, tokenizer=None, max_tokens
     return Dataset.from_dict({"prompt": [train[i]["prompt"] for i in drawn], "completion": answer})
 
 
-def stamp(data, run, training_args, model_args, processes: int) -> dict:
-    """What makes a warm start: kept beside it, and a warm start of the same stamp is reused."""
-    return {
+def warm_started(train, run, training_args, model_args, answer_format, tokenizer) -> str:
+    """The folder GRPO starts from: the warm-started model, built unless its folder holds what these settings make
+    (its stamp). Every process trains (SFTTrainer shares the work as GRPOTrainer does); the main one writes, into a
+    folder beside it renamed into place, so that a warm start cut short leaves no model that looks whole."""
+    import datasets
+    from accelerate import PartialState
+
+    state = PartialState()
+    folder = layout.path(training_args.output_dir, layout.WARM_START).resolve()  # an adapter names its base by it
+    data = examples(
+        train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, training_args.max_completion_length
+    )
+    made_with = {  # what makes a warm start: kept beside it, and reused while it is the same
         "model": model_args.model_name_or_path,
         "revision": model_args.model_revision,
         "rows": run.warm_start_rows,
@@ -71,26 +77,10 @@ def stamp(data, run, training_args, model_args, processes: int) -> dict:
         "seed": training_args.seed,
         "dtype": full_fine_tuning_dtype(model_args),
         "bf16": training_args.bf16,
-        "processes": processes,
+        "processes": state.num_processes,
         "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
         "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
     }
-
-
-def warm_started(train, run, training_args, model_args, answer_format, tokenizer) -> str:
-    """The folder GRPO starts from: the warm-started model, built unless its folder holds what these settings make
-    (its stamp); on a resume, see the module docstring. Every process trains (SFTTrainer shares the work as
-    GRPOTrainer does); the main one writes, into a folder beside it renamed into place, so that a warm start cut short
-    leaves no model that looks whole."""
-    import datasets
-    from accelerate import PartialState
-
-    state = PartialState()
-    # an adapter names its base by this path
-    folder = layout.path(training_args.output_dir, layout.WARM_START).resolve()
-    length = training_args.max_completion_length
-    data = examples(train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, length)
-    made_with = stamp(data, run, training_args, model_args, state.num_processes)
     if read_json(layout.path(folder, layout.WARM_START_STAMP)) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
         return str(folder)
@@ -132,9 +122,8 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
 
 
 def full_fine_tuning_dtype(model_args) -> str:
-    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (`models.weights_dtype`:
-    fp32, bf16 autocast on a GPU); for a LoRA run, whose frozen base is stored in bf16 on a GPU, fp32, as full
-    fine-tuning keeps it (bf16 weights lose most of AdamW's small updates)."""
+    """The dtype the warm start loads the weights in: the run's own for full fine-tuning (`models.weights_dtype`);
+    fp32 for a LoRA run, whose frozen base is bf16 on a GPU (bf16 weights lose most of AdamW's small updates)."""
     return "float32" if model_args.use_peft else model_args.dtype
 
 

@@ -298,7 +298,10 @@ def test_a_stopping_step_saves_before_any_accuracy_evaluation(monkeypatch):
     state = TrainerState(global_step=4, max_steps=10)
     trainer = fake_trainer(state)
     accuracy = evaluation.AccuracyCallback(
-        trainer, [], grpo_demo.ANSWER_FORMAT, before_and_after=False, every_steps=5, subset=8, batch_size=8, limit=None
+        trainer,
+        [],
+        grpo_demo.ANSWER_FORMAT,
+        evaluation.Plan(before_and_after=False, every_steps=5, subset=8, batch_size=8),
     )
     monkeypatch.setattr(accuracy, "measure", measure)
     other = TrainerCallback()
