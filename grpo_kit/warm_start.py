@@ -57,6 +57,22 @@ def examples(train, n: int, seed: int, answer_format, tokenizer=None, max_tokens
     return Dataset.from_dict({"prompt": [train[i]["prompt"] for i in drawn], "completion": answer})
 
 
+def stamp(data, run, training_args, model_args, processes: int) -> dict:
+    """What makes a warm start: kept beside it, and the warm start reused while it is the same."""
+    return {
+        "model": model_args.model_name_or_path,
+        "revision": model_args.model_revision,
+        "rows": run.warm_start_rows,
+        "learning_rate": run.warm_start_learning_rate,
+        "seed": training_args.seed,
+        "dtype": full_fine_tuning_dtype(model_args),
+        "bf16": training_args.bf16,
+        "processes": processes,
+        "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
+        "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
+    }
+
+
 def warm_started(train, run, training_args, model_args, answer_format, tokenizer) -> str:
     """The folder GRPO starts from: the warm-started model, built unless its folder holds what these settings make
     (its stamp). Every process trains (SFTTrainer shares the work as GRPOTrainer does); the main one writes, into a
@@ -69,18 +85,7 @@ def warm_started(train, run, training_args, model_args, answer_format, tokenizer
     data = examples(
         train, run.warm_start_rows, training_args.seed, answer_format, tokenizer, training_args.max_completion_length
     )
-    made_with = {  # what makes a warm start: kept beside it, and reused while it is the same
-        "model": model_args.model_name_or_path,
-        "revision": model_args.model_revision,
-        "rows": run.warm_start_rows,
-        "learning_rate": run.warm_start_learning_rate,
-        "seed": training_args.seed,
-        "dtype": full_fine_tuning_dtype(model_args),
-        "bf16": training_args.bf16,
-        "processes": state.num_processes,
-        "data_sha256": hashlib.sha256(json.dumps(data.to_list(), sort_keys=True).encode()).hexdigest(),  # the rows
-        "first_completion": data[0]["completion"][0]["content"],  # one of them, to read
-    }
+    made_with = stamp(data, run, training_args, model_args, state.num_processes)
     if read_json(layout.path(folder, layout.WARM_START_STAMP)) == made_with:
         logger.info("Warm start: reusing %s (made with these settings)", folder)
         return str(folder)

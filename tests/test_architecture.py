@@ -164,3 +164,16 @@ def test_the_tiers_run_only_when_named(tmp_path):
     assert tier not in collected()  # the README's command
     assert tier in collected("tests/test_demo.py")  # its file named
     assert tier in collected("-m", "long")
+
+
+def test_no_function_of_the_recipe_or_the_kit_runs_over_60_lines():
+    """A function a reader holds in one screen: longer ones split where their steps part (classes are not counted,
+    their methods are)."""
+    import ast
+
+    long = []
+    for path in [ROOT / "grpo_demo.py", *sorted((ROOT / "grpo_kit").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
