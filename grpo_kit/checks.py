@@ -67,7 +67,10 @@ RANGES = {
     "repetition_penalty": (lambda x: 0 < x < math.inf, "must be positive (1.0 is none)"),
     **dict.fromkeys(("steps_per_generation", "num_iterations"), AT_LEAST_ONE),
     # TRL refuses under 2 too, but divides by it first (grpo_config.py __post_init__): 0 would be a ZeroDivisionError
-    "num_generations": (lambda x: x >= 2, "GRPO compares completions within a group: at least 2 (the recipe uses 16)"),
+    "num_generations": (
+        lambda x: x >= 2,
+        "GRPO compares completions within a group, so it needs at least 2 (the recipe uses 16)",
+    ),
     "epsilon": (lambda x: 0 < x < math.inf, "must be positive (TRL's clipping range, 0.2)"),
     "lora_dropout": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
     "beta": (lambda x: 0 <= x < math.inf, "must be 0 (no KL) or more"),
@@ -213,7 +216,7 @@ def groups_and_rewards(v: dict, n_rewards: int) -> Iterator[str]:
     n_gen, per_device = v["num_generations"], v["per_device_train_batch_size"]
     processes, steps = world_size(), v["steps_per_generation"] or v["gradient_accumulation_steps"]
     batch = v["generation_batch_size"] or (per_device or 0) * processes * steps
-    if (n_gen or 0) >= 2 and (per_device or 0) > 0 and batch % n_gen:  # under 2: TRL's own check says so
+    if (n_gen or 0) >= 2 and (per_device or 0) > 0 and batch % n_gen:  # under 2: RANGES says so
         yield (
             f"generation batch {batch} completions (per_device_train_batch_size {per_device} x {processes} process(es)"
             f" x {steps} steps) is not divisible by num_generations={n_gen}: "
@@ -709,8 +712,8 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     "2", "3") and processes, optim_8bit, lora_r, beta (the KL weight: a reference model above 0), batch
     (completions per micro-batch), generation_batch (completions each generate call decodes), prompt and completion
     (tokens), vllm_share (colocate: the share of the GPU's memory vLLM reserves, 0 without it), server (a vLLM
-    server generates: no KV cache here, nothing gathered), gather (ZeRO-3: TRL's ds3_gather_for_generation) and gpu
-    (bytes).
+    server generates: no KV cache here, nothing gathered to generate), gather (ZeRO-3: TRL's
+    ds3_gather_for_generation) and gpu (bytes).
 
     Rough by design (within ~20 %): what the recipe holds, from the sources. Full fine-tuning without DeepSpeed:
     fp32 weights, fp32 gradients, AdamW's two fp32 moments (2 bytes each in 8 bits), and autocast's bf16 copy of

@@ -218,8 +218,9 @@ def clear_preset_folder(output_dir: str | Path, preset: str, reads: dict[str, st
     folder = Path(output_dir)
     inside = []
     for setting, path in (reads or {}).items():
-        where = Path(path).expanduser().resolve() if path else None
-        if where and where.exists() and folder.resolve() in (where, *where.parents):
+        if not path or not Path(path).expanduser().exists():  # checked first: resolving a loop raises
+            continue
+        if folder.resolve() in (where := Path(path).expanduser().resolve(), *where.parents):
             inside.append(f"--{setting} {path}")
     if inside:
         raise RecipeError(

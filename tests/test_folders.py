@@ -172,6 +172,8 @@ def test_a_preset_never_clears_what_its_run_reads(tmp_path, setting):
     assert (start / "model.safetensors").read_text() == "run" and (folder / "run_record.json").is_file()
     runs.clear_preset_folder(folder, "smoke", {setting: str(tmp_path / "smoke-GRPO-start")})  # elsewhere: cleared
     assert not folder.exists() or not any(folder.iterdir())
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # a path that exists as no file: nothing read, no traceback
+    runs.clear_preset_folder(folder, "smoke", {setting: str(tmp_path / "loop")})
 
 
 def prepare_smoke(model: str, resume: str | None = None) -> None:

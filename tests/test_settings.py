@@ -287,7 +287,7 @@ def test_every_invalid_setting_is_named_at_once(tmp_path):
         ]
     )  # fmt: skip
     for expected in (
-        "num_generations=1: GRPO compares completions within a group: at least 2",
+        "num_generations=1: GRPO compares completions within a group, so it needs at least 2",
         "max_completion_length=0: must be a positive number",
         "max_prompt_tokens=-5: must be a positive number",
         "reward_weights has 2 values for 5 rewards: give 5",
