@@ -62,10 +62,10 @@ any gradient would "change 100 % of its weights") and the expected move is `expe
 `full-vllm` variant turns off TRL's vLLM importance-sampling correction: its sampling is restricted to the tokenizer's
 627 ids, vLLM's log-probabilities are renormalised over those and TRL's over all 151,936, and the correction's ratio
 (e^-700) would zero every gradient; so a vLLM variant's sync is checked on the weights themselves instead: its
-recipe runs through `run_recipe_with_sync_probe`, which after the last step runs TRL's sync once more and compares the
-o_proj and down_proj weights vLLM generates with against the trainer's (bf16, LoRA merged): equal bit for bit, with
-some of them moved since the start, or it fails (`sync_problems`: a stale or broken sync). Every variant runs on one
-GPU (CUDA_VISIBLE_DEVICES: the first one visible).
+recipe runs through `run_recipe_with_sync_probe`, which after every sync TRL makes compares the o_proj and down_proj
+weights vLLM generates with against the trainer's (bf16, LoRA merged): a sync before each step after the first, each
+equal bit for bit, some weights moved since the start, or it fails (`sync_problems`: a stale or broken sync).
+Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
 `full-resume` (when asked) passes when both its runs exit 0, the resumed one ends at the last step,
 and its weights are the whole run's within a tenth of the last step's mean move (MAX_RESUME_GAP).
 Skipped variants (not installed) are listed, not failed; a variant the budget does not cover (left out, or stopped
@@ -564,7 +564,7 @@ def problems(variant: Variant, result: dict, steps: int, dry_run: bool = False, 
                 f"weights with {base}, trainable {sorted(trainable)}"
             )
     if variant.generation == "vllm" and not variant.comparison_only:
-        found += sync_problems(result.get("vllm_sync"))
+        found += sync_problems(result.get("vllm_sync"), steps)
     if model and flash and not variant.comparison_only and model.get("attention") != "flash_attention_2":
         found.append(f"attention {model.get('attention')}: flash_attn imports here, so flash_attention_2 was expected")
     return found
@@ -577,34 +577,31 @@ def remove_weights(output: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The vLLM weight sync: after the last step, TRL's own sync, then the weights vLLM generates with against the trainer's
+# The vLLM weight sync: every sync TRL runs while training, checked on the weights vLLM generates with
 
 # Compared: the weights transformers and vLLM name alike (vLLM stacks q/k/v and gate/up into one tensor each)
 SYNC_COMPARED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 
-def vllm_sync_gap(trainer, start_model: Path) -> dict:
-    """TRL's weight sync (`VLLMGeneration.sync_weights`, as before every generation), run once more after the last
-    step; then each SYNC_COMPARED weight of the model TRL loads them into (`llm.llm_engine.model_executor.
+def sync_gap(generation, start_model: Path) -> dict:
+    """Right after a sync: each SYNC_COMPARED weight of the model TRL loads into (`llm.llm_engine.model_executor.
     driver_worker.model_runner.model`, TRL's own path in colocate mode) against the trainer's, cast to bf16 with
-    LoRA's adapters merged as TRL merges them. A sync that works leaves them equal bit for bit; the weights that
-    moved since the start (in bf16) are what tells a working sync from a stale one."""
+    LoRA's adapters merged as TRL merges them (the model's own `merge_adapter`; `patches.keep_base_exact` restores
+    the base after). A sync that works leaves them equal bit for bit; the weights that moved since the start (in
+    bf16) are what tells a working sync from one that left the start's weights."""
     import torch
     from safetensors import safe_open
 
-    generation = trainer.vllm_generation
-    generation.sync_weights()
     engine = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
     theirs = {name: p for name, p in engine.named_parameters() if name.endswith(SYNC_COMPARED)}
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    adapters = hasattr(model, "merge_adapter")
+    model = generation.accelerator.unwrap_model(generation.model)
     compared = differing = moved = 0
     with contextlib.ExitStack() as stack:
         start = {}  # name -> the open start file that holds it
         for path in sorted(start_model.glob("model*.safetensors")):
             handle = stack.enter_context(safe_open(path, framework="pt"))
             start.update(dict.fromkeys(handle.keys(), handle))
-        if adapters:  # as TRL syncs LoRA: merged (patches.keep_base_exact restores the base after)
+        if hasattr(model, "merge_adapter"):  # as TRL syncs LoRA
             model.merge_adapter()
             stack.callback(model.unmerge_adapter)
         for name, param in model.named_parameters():
@@ -615,40 +612,76 @@ def vllm_sync_gap(trainer, start_model: Path) -> dict:
             compared += ours.numel()
             differing += int((ours != theirs[name].detach().to(ours.device, torch.bfloat16)).sum())
             moved += int((ours != start[name].get_tensor(name).to(ours.device, torch.bfloat16)).sum())
-    return {"compared": compared, "differing": differing, "moved_since_start": moved, "names": list(SYNC_COMPARED)}
+    return {"compared": compared, "differing": differing, "moved_since_start": moved}
 
 
-def sync_problems(sync: dict | None) -> list[str]:
-    """Why vLLM did not generate with the trained weights (`vllm_sync_gap`); empty when it did."""
+def watch_syncs(start_model: Path, trainers: list) -> list[dict]:
+    """Make every weight sync TRL runs (`VLLMGeneration.sync_weights`: before each generation round whose step
+    differs from the last synced, `_generate_single_turn`) compare its result (`sync_gap`), recorded with the step of
+    the last of `trainers`; returns the list the records go to. The comparison's own failure is recorded, never
+    raised into the run."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    records: list[dict] = []
+    sync = VLLMGeneration.sync_weights
+
+    def sync_then_compare(self):
+        sync(self)
+        record: dict = {"step": trainers[-1].state.global_step if trainers else None}
+        try:
+            record.update(sync_gap(self, start_model))
+        except Exception as err:  # the check's, not the run's: said in the report
+            record["error"] = f"{type(err).__name__}: {err}"[:300]
+        records.append(record)
+
+    VLLMGeneration.sync_weights = sync_then_compare
+    return records
+
+
+def sync_problems(sync: dict | None, steps: int) -> list[str]:
+    """Why vLLM did not generate with the trained weights (`watch_syncs`' records); empty when it did. TRL syncs
+    before the generation round of every step (steps_per_generation as the check leaves it: one round a step), so
+    steps 1 to `steps` - 1 each need a sync that carried the moved weights bit for bit."""
     if not sync:
         return ["no vllm_sync.json: the weights vLLM generates with were not compared with the trainer's"]
-    if not sync["compared"]:
+    records = sync["syncs"]
+    if errors := [f"step {r['step']}: {r['error']}" for r in records if "error" in r]:
+        return [f"a weight sync could not be compared ({errors[0]})"]
+    if missing := sorted(set(range(1, steps)) - {r["step"] for r in records}):
+        return [f"TRL did not sync vLLM before step(s) {missing}: vLLM generated them with stale weights"]
+    if not any(r["compared"] for r in records):
         return [f"no weight of vLLM's ({', '.join(SYNC_COMPARED)}) matched one of the trainer's by name"]
-    if not sync["moved_since_start"]:
+    if not any(r["moved_since_start"] for r in records):
         return ["no compared weight moved since the start (in bf16): a working sync cannot be told from a stale one"]
-    if sync["differing"]:
+    if wrong := [r for r in records if r["differing"]]:
+        r = wrong[0]
         return [
-            f"{sync['differing']:,} of {sync['compared']:,} weights in vLLM differ from the trainer's right after a "
-            f"sync ({sync['moved_since_start']:,} moved since the start): vLLM generates with other weights than "
+            f"after the sync at step {r['step']}, {r['differing']:,} of {r['compared']:,} weights in vLLM differ from "
+            f"the trainer's ({r['moved_since_start']:,} moved since the start): vLLM generates with other weights than "
             "those trained (a stale or broken weight sync)"
         ]
     return []
 
 
 def run_recipe_with_sync_probe(report: Path, start_model: Path, argv: list[str]) -> None:
-    """`python grpo_demo.py argv`, as it runs, with `vllm_sync_gap` written to `report` when training ends."""
+    """`python grpo_demo.py argv`, as it runs, with every weight sync TRL makes checked (`watch_syncs`), the
+    records written to `report` when training ends (or stops)."""
     import runpy
 
     from trl import GRPOTrainer
 
+    trainers: list = []
+    records = watch_syncs(start_model, trainers)
     train = GRPOTrainer.train
 
-    def train_then_compare(self, *args, **kwargs):
-        output = train(self, *args, **kwargs)
-        report.write_text(json.dumps(vllm_sync_gap(self, start_model), indent=1) + "\n", encoding="utf-8")
-        return output
+    def train_watched(self, *args, **kwargs):
+        trainers.append(self)
+        try:
+            return train(self, *args, **kwargs)
+        finally:
+            report.write_text(json.dumps({"syncs": records}, indent=1) + "\n", encoding="utf-8")
 
-    GRPOTrainer.train = train_then_compare
+    GRPOTrainer.train = train_watched
     sys.argv = [str(RECIPE), *argv]
     runpy.run_path(str(RECIPE), run_name="__main__")
 

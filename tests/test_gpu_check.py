@@ -122,7 +122,8 @@ def passing(name: str, dry_run: bool = False) -> dict:
         "health": {"status": "ok", "findings": []},
         "movement": {"measured_on": "LoRA B matrices" if variant.adapters else "all weights", "moved_fraction": 1.0,
                      "realised_over_expected": 0.7},
-        "vllm_sync": {"compared": 4096, "differing": 0, "moved_since_start": 300},
+        "vllm_sync": {"syncs": [{"step": step, "compared": 4096, "differing": 0, "moved_since_start": 100 * step}
+                                for step in range(3)]},
     }  # fmt: skip
 
 
@@ -143,11 +144,19 @@ WEAKENED = {  # (variant, what changes in the result, what the check must then s
     "LoRA on an fp32 base": ("lora", ("model", "weights_dtype", ["float32"]), "expected weights with bfloat16"),
     "sdpa where flash_attn imports": ("full", ("model", "attention", "sdpa"), "flash_attention_2 was expected"),
     "vLLM without a gradient": ("full-vllm", ("steps_with_gradient", None, 0), "no step had a gradient"),
-    "a stale vLLM sync": ("full-vllm", ("vllm_sync", "differing", 300), "a stale or broken weight sync"),
-    "a stale LoRA sync": ("lora-vllm", ("vllm_sync", "differing", 1), "vLLM generates with other weights"),
+    "a stale vLLM sync": ("full-vllm", ("vllm_sync", "syncs", [{"step": 0, "compared": 4096, "differing": 0,
+                          "moved_since_start": 0}, {"step": 1, "compared": 4096, "differing": 300,
+                          "moved_since_start": 300}, {"step": 2, "compared": 4096, "differing": 0,
+                          "moved_since_start": 300}]), "a stale or broken weight sync"),
+    "a step without a sync": ("lora-vllm", ("vllm_sync", "syncs", [{"step": 0, "compared": 4096, "differing": 0,
+                              "moved_since_start": 0}]), "did not sync vLLM before step(s) [1, 2]"),
     "no sync compared": ("full-vllm", ("vllm_sync", None, None), "no vllm_sync.json"),
-    "no name matched": ("full-vllm", ("vllm_sync", "compared", 0), "matched one of the trainer's by name"),
-    "nothing moved to tell": ("lora-vllm", ("vllm_sync", "moved_since_start", 0), "cannot be told from a stale"),
+    "no name matched": ("full-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 0, "differing": 0,
+                        "moved_since_start": 0} for s in range(3)]), "matched one of the trainer's by name"),
+    "nothing moved to tell": ("lora-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 9, "differing": 0,
+                              "moved_since_start": 0} for s in range(3)]), "cannot be told from a stale"),
+    "the comparison failed": ("full-vllm", ("vllm_sync", "syncs", [{"step": 1, "error": "AttributeError: x"}]),
+                              "could not be compared (step 1: AttributeError"),
 }  # fmt: skip
 
 
@@ -164,27 +173,34 @@ def test_each_assertion_fails_a_variant_that_did_not_train_as_the_recipe_says(ca
 
 
 class Engine(torch.nn.Module):
-    """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16; `stale`: it drops what it is
-    given, as a broken or skipped sync would."""
+    """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16; `drops`: it drops what it is
+    given, as a broken loader would."""
 
-    def __init__(self, start: torch.nn.Module, stale: bool):
+    def __init__(self, start: torch.nn.Module, drops: bool):
         super().__init__()
-        self.inner, self.stale = start.to(torch.bfloat16), stale
+        self.inner, self.drops = start.to(torch.bfloat16), drops
 
     def named_parameters(self, *args, **kwargs):
         return self.inner.named_parameters(*args, **kwargs)
 
     def load_weights(self, weights):
         for name, tensor in weights:
-            if not self.stale:
+            if not self.drops:
                 dict(self.inner.named_parameters())[name].data.copy_(tensor)
 
 
+SYNC_CASES = {  # what the sync does: (the loader drops the weights, TRL syncs before step 1, what the check says)
+    "synced": (False, True, None),
+    "a loader that drops the weights": (True, True, "a stale or broken weight sync"),
+    "no sync before step 1": (False, False, "TRL did not sync vLLM before step(s) [1]"),
+}
+
+
 @pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("stale", [False, True], ids=["synced", "stale"])
-def test_the_sync_check_passes_trls_own_sync_and_fails_a_stale_one(tmp_path, adapters, stale):
-    """TRL's real VLLMGeneration.sync_weights (its PEFT merge, names and load_weights calls) into a stand-in of
-    vLLM's model, after a step that moved the weights: a sync that lands passes, one that drops the weights fails."""
+@pytest.mark.parametrize("case", SYNC_CASES, ids=list(SYNC_CASES))
+def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, monkeypatch, adapters, case):
+    """TRL's real VLLMGeneration.sync_weights (its PEFT merge, names and load_weights calls), watched as the check
+    watches it, into a stand-in of vLLM's model, over two steps whose update moved the weights."""
     import copy
 
     from accelerate import Accelerator
@@ -195,6 +211,7 @@ def test_the_sync_check_passes_trls_own_sync_and_fails_a_stale_one(tmp_path, ada
 
     from grpo_kit.patches import keep_base_exact
 
+    drops, syncs_step_1, said = SYNC_CASES[case]
     config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=64)  # fmt: skip
     torch.manual_seed(0)
@@ -205,30 +222,31 @@ def test_the_sync_check_passes_trls_own_sync_and_fails_a_stale_one(tmp_path, ada
     if adapters:
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["o_proj", "down_proj"]))
         keep_base_exact(model)
-        trained = [p for n, p in model.named_parameters() if "lora_B" in n]
-    else:
-        trained = [p for n, p in model.named_parameters() if n.endswith(gpu_check.SYNC_COMPARED)]
-    with torch.no_grad():  # a step: every trained weight moved by far more than bf16's spacing
-        for param in trained:
-            param.add_(torch.randn_like(param) * 0.05)
+    trained = [p for n, p in model.named_parameters() if ("lora_B" in n if adapters else n.endswith("proj.weight"))]
+    base = [p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n]
     accelerator = Accelerator(cpu=True)
     generation = object.__new__(VLLMGeneration)  # TRL's class, its engine a stand-in
     generation.model, generation.accelerator, generation._dist = model, accelerator, DistributedBackend(accelerator)
     generation.mode, generation.enable_sleep_mode = "colocate", False
-    engine = Engine(copy.deepcopy(start), stale)
-    runner = SimpleNamespace(model=engine)
+    runner = SimpleNamespace(model=Engine(copy.deepcopy(start), drops))
     executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
     generation.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_executor=executor), reset_prefix_cache=lambda: 0)
-    trainer = SimpleNamespace(vllm_generation=generation, accelerator=accelerator, model=model)
-    base = [p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n]
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", VLLMGeneration.sync_weights)  # put back after the test
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0))
+    records = gpu_check.watch_syncs(tmp_path / "start", [trainer])
 
-    sync = gpu_check.vllm_sync_gap(trainer, tmp_path / "start")
+    generation.sync_weights()  # TRL, before step 0's generation round (its _last_loaded_step starts at -1)
+    with torch.no_grad():  # step 0's update: every trained weight moved by far more than bf16's spacing
+        for param in trained:
+            param.add_(torch.randn_like(param) * 0.05)
+    trainer.state.global_step = 1
+    if syncs_step_1:
+        generation.sync_weights()  # before step 1's round
 
-    assert sync["compared"] == 2 * (32 * 32 + 32 * 64)  # o_proj and down_proj of both layers
-    assert sync["moved_since_start"] > 0.5 * sync["compared"]
-    assert (sync["differing"] > 0) == stale
-    problems = gpu_check.sync_problems(sync)
-    assert any("a stale or broken weight sync" in line for line in problems) if stale else problems == []
+    assert [r["step"] for r in records] == [0, 1][: 1 + syncs_step_1]
+    assert records[0]["compared"] == 2 * (32 * 32 + 32 * 64) and records[0]["moved_since_start"] == 0
+    found = gpu_check.sync_problems({"syncs": records}, steps=2)
+    assert found == ([] if said is None else [found[0]]) and (said is None or said in found[0]), found
     after = [p for n, p in model.named_parameters() if "base_layer" in n]
     assert all(torch.equal(a, b) for a, b in zip(after, base, strict=True))  # the LoRA base as it was
 
