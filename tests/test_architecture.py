@@ -149,7 +149,8 @@ def test_the_architecture_page_draws_the_floors_the_code_has():
     assert drawn == {name: floor for name, floor in FLOORS.items() if floor < 5}  # the entry points: above
 
 
-@pytest.mark.slow  # pytest in a subprocess, collecting
+@pytest.mark.slow  # pytest in a subprocess, collecting the suite three times (~20 s): run by CI's tier command
+@pytest.mark.long
 def test_the_tiers_run_only_when_named(tmp_path):
     """The default run leaves the Slurm, real-model and long tiers to CI's second command; naming a tier (its marker,
     its file) runs it."""

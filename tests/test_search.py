@@ -450,6 +450,7 @@ if __name__ == "__main__":  # a trial run waits until another worker's trial has
 
 @needs_optuna
 @pytest.mark.slow
+@pytest.mark.long  # two searches side by side, ~30 s: run by CI's tier command
 def test_two_workers_complete_distinct_trials_of_one_sqlite_study(tmp_path):
     folder, marks = tmp_path / "study", tmp_path / "marks"
     marks.mkdir()
