@@ -53,6 +53,15 @@ MODEL_ONLY_PARTS = ["optimizer.pt", "scheduler.pt", "rng_state.pth"]  # what a -
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
+def default_names(model_name: str) -> dict[str, str]:
+    """Where a run of `model_name` goes when --output_dir is not given, and its wandb name: outputs/<short>-GRPO and
+    <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B` (the model's own folder name otherwise)."""
+    base = model_name.rstrip("/").split("/")[-1]
+    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
+    short = f"{match[1]}-{match[2]}" if match else base
+    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k"}
+
+
 def path(output_dir: str | Path, name: str) -> Path:
     """One of the run's files or folders: `path(out, folder.RECORD)`, `path(out, folder.HEALTH)`..."""
     return Path(output_dir) / name

@@ -348,11 +348,7 @@ def machine_defaults(recipe_defaults: dict, chosen: dict, preset: str | None, co
     }
     if cuda and not native_bf16 and not (chosen.get("fp16") or chosen.get("bf16")):
         logger.warning("This GPU has no native bf16: training computes in fp32 (slow); --fp16 true for fp16 autocast")
-    # outputs/<short>-GRPO and <short>-GRPO-gsm8k, <short> like `Qwen-1.5B` or `Llama-1B`
-    base = chosen.get("model_name_or_path", defaults["model_name_or_path"]).rstrip("/").split("/")[-1]
-    match = re.match(r"(Qwen|Llama)[-\d.]*?-(\d+(?:\.\d+)?B)\b", base, re.IGNORECASE)
-    short = f"{match[1]}-{match[2]}" if match else base
-    return {"output_dir": f"outputs/{short}-GRPO", "run_name": f"{short}-GRPO-gsm8k", **defaults}
+    return {**layout.default_names(chosen.get("model_name_or_path", defaults["model_name_or_path"])), **defaults}
 
 
 def beside_the_model(values: dict, own: dict) -> str:
