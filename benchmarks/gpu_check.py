@@ -389,9 +389,15 @@ def log_tail(log_path: Path, lines: int = 40) -> list[str]:
 # What a run left: trainer_state.json, run_record.json, eval/*/summary.json, the saved weights
 
 
-def steps_measured(log_history: list[dict], completions_per_step: int) -> dict:
-    """Step times, generated tokens per second and what the optimizer was asked to do, from TRL's per-step logs."""
-    steps = [entry for entry in log_history if "step_time" in entry]
+def steps_measured(log_history: list[dict], completions_per_step: int, checked: dict | None = None) -> dict:
+    """Step times, generated tokens per second and what the optimizer was asked to do, from TRL's per-step logs.
+    `checked`: {step: seconds} this check's own work took inside that step's time (the vLLM sync comparison runs
+    inside TRL's `training_step`, whose time is the logged `step_time`), taken out of it."""
+    steps = [
+        {**entry, "step_time": entry["step_time"] - (checked or {}).get(entry.get("step"), 0.0)}
+        for entry in log_history
+        if "step_time" in entry
+    ]
     if not steps:
         return {"steps": 0}
     later = steps[1:] or steps  # the first step pays for warm-up (kernels, allocator, vLLM's first sync)
@@ -407,6 +413,7 @@ def steps_measured(log_history: list[dict], completions_per_step: int) -> dict:
         "generated_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         "learning_rates": [entry.get("learning_rate", 0.0) for entry in steps],
         "steps_with_gradient": sum(1 for entry in steps if entry.get("grad_norm", 0.0) > 0),
+        "first_step_with_gradient": next((i for i, e in enumerate(steps, 1) if e.get("grad_norm", 0.0) > 0), None),
         "reward_std": [round(entry.get("reward_std", 0.0), 4) for entry in steps],
     }
 
@@ -459,7 +466,10 @@ def measure(variant: Variant, folder: Path, start_model: Path, completions_per_s
     output = folder / "output"
     state = read_json(output / "trainer_state.json") or {}
     record = read_json(output / "run_record.json") or {}
-    result = steps_measured(state.get("log_history", []), completions_per_step)
+    sync = read_json(folder / "vllm_sync.json") if variant.generation == "vllm" else None
+    checked = {r["step"] + 1: r.get("seconds", 0.0) for r in (sync or {}).get("syncs", []) if r.get("step") is not None}
+    result = steps_measured(state.get("log_history", []), completions_per_step, checked)  # a sync: the next step's
+    result["vllm_sync"] = sync
     model = record.get("model") or {}
     result["model"] = model
     result["flash_attention"] = model.get("attention") == "flash_attention_2" if model else None
@@ -564,7 +574,7 @@ def problems(variant: Variant, result: dict, steps: int, dry_run: bool = False, 
                 f"weights with {base}, trainable {sorted(trainable)}"
             )
     if variant.generation == "vllm" and not variant.comparison_only:
-        found += sync_problems(result.get("vllm_sync"), steps)
+        found += sync_problems(result.get("vllm_sync"), steps, result.get("first_step_with_gradient"))
     if model and flash and not variant.comparison_only and model.get("attention") != "flash_attention_2":
         found.append(f"attention {model.get('attention')}: flash_attn imports here, so flash_attention_2 was expected")
     return found
@@ -579,40 +589,54 @@ def remove_weights(output: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # The vLLM weight sync: every sync TRL runs while training, checked on the weights vLLM generates with
 
-# Compared: the weights transformers and vLLM name alike (vLLM stacks q/k/v and gate/up into one tensor each)
-SYNC_COMPARED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+# vLLM's Qwen2 and Llama models stack q/k/v and gate/up into one tensor each (their `stacked_params_mapping`: each
+# shard at its offset along the first dimension, in this order); every other weight has the trainer's name
+STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def trainer_names(vllm_name: str) -> list[str]:
+    """The trainer's weights that, stacked along the first dimension, make vLLM's weight `vllm_name`."""
+    for fused, parts in STACKED.items():
+        if f".{fused}." in vllm_name:
+            return [vllm_name.replace(f".{fused}.", f".{part}.") for part in parts]
+    return [vllm_name]
 
 
 def sync_gap(generation, start_model: Path) -> dict:
-    """Right after a sync: each SYNC_COMPARED weight of the model TRL loads into (`llm.llm_engine.model_executor.
-    driver_worker.model_runner.model`, TRL's own path in colocate mode) against the trainer's, cast to bf16 with
-    LoRA's adapters merged as TRL merges them (the model's own `merge_adapter`; `patches.keep_base_exact` restores
-    the base after). A sync that works leaves them equal bit for bit; the weights that moved since the start (in
-    bf16) are what tells a working sync from one that left the start's weights."""
+    """Right after a sync: every weight of the model TRL loads into (`llm.llm_engine.model_executor.driver_worker.
+    model_runner.model`, TRL's own path in colocate mode) against the trainer's, cast to bf16 with LoRA's adapters
+    merged as TRL merges them (the model's own `merge_adapter`; `patches.keep_base_exact` restores the base after) and
+    stacked as vLLM stacks them (`trainer_names`). A sync that works leaves them equal bit for bit; the weights that
+    moved since the start (in bf16) are what tells a working sync from one that left the start's weights."""
     import torch
     from safetensors import safe_open
 
     engine = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
-    theirs = {name: p for name, p in engine.named_parameters() if name.endswith(SYNC_COMPARED)}
     model = generation.accelerator.unwrap_model(generation.model)
-    compared = differing = moved = 0
+    found = {"compared": 0, "differing": 0, "moved_since_start": 0, "other_shape": []}
     with contextlib.ExitStack() as stack:
         start = {}  # name -> the open start file that holds it
         for path in sorted(start_model.glob("model*.safetensors")):
             handle = stack.enter_context(safe_open(path, framework="pt"))
             start.update(dict.fromkeys(handle.keys(), handle))
-        if hasattr(model, "merge_adapter"):  # as TRL syncs LoRA
-            model.merge_adapter()
+        if hasattr(model, "merge_adapter"):  # as TRL syncs LoRA; unmerged even if the merge fails partway
             stack.callback(model.unmerge_adapter)
-        for name, param in model.named_parameters():
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "")  # TRL's own renaming
-            if name not in theirs or name not in start:
+            model.merge_adapter()
+        ours = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p for n, p in model.named_parameters()}
+        for name, theirs in engine.named_parameters():
+            parts = trainer_names(name)  # TRL's own renaming above; lm_head tied to the embedding: not the trainer's
+            if not all(part in ours and part in start for part in parts):
                 continue
-            ours = param.detach().to(torch.bfloat16)
-            compared += ours.numel()
-            differing += int((ours != theirs[name].detach().to(ours.device, torch.bfloat16)).sum())
-            moved += int((ours != start[name].get_tensor(name).to(ours.device, torch.bfloat16)).sum())
-    return {"compared": compared, "differing": differing, "moved_since_start": moved}
+            mine = torch.cat([ours[part].detach().to(torch.bfloat16) for part in parts])
+            theirs = theirs.detach()[: mine.shape[0]]  # vLLM pads its vocabulary to a multiple of 64
+            if theirs.shape != mine.shape:
+                found["other_shape"].append(f"{name}: vLLM {list(theirs.shape)}, trainer {list(mine.shape)}")
+                continue
+            begun = torch.cat([start[part].get_tensor(part) for part in parts]).to(mine.device, torch.bfloat16)
+            found["compared"] += mine.numel()
+            found["differing"] += int((mine != theirs.to(mine.device, torch.bfloat16)).sum())
+            found["moved_since_start"] += int((mine != begun).sum())
+    return found
 
 
 def watch_syncs(start_model: Path, trainers: list) -> list[dict]:
@@ -628,20 +652,24 @@ def watch_syncs(start_model: Path, trainers: list) -> list[dict]:
     def sync_then_compare(self):
         sync(self)
         record: dict = {"step": trainers[-1].state.global_step if trainers else None}
+        begun = time.perf_counter()
         try:
             record.update(sync_gap(self, start_model))
         except Exception as err:  # the check's, not the run's: said in the report
             record["error"] = f"{type(err).__name__}: {err}"[:300]
+        record["seconds"] = round(time.perf_counter() - begun, 3)  # inside the next step's time: taken out of it
         records.append(record)
 
     VLLMGeneration.sync_weights = sync_then_compare
     return records
 
 
-def sync_problems(sync: dict | None, steps: int) -> list[str]:
+def sync_problems(sync: dict | None, steps: int, first_gradient: int | None = 1) -> list[str]:
     """Why vLLM did not generate with the trained weights (`watch_syncs`' records); empty when it did. TRL syncs
     before the generation round of every step (steps_per_generation as the check leaves it: one round a step), so
-    steps 1 to `steps` - 1 each need a sync that carried the moved weights bit for bit."""
+    steps 1 to `steps` - 1 each need a sync that carried the moved weights bit for bit. The last step's update is
+    never synced, so moved weights reach vLLM only where a step before it had a gradient (`first_gradient`, counted
+    from 1; None: no step had one)."""
     if not sync:
         return ["no vllm_sync.json: the weights vLLM generates with were not compared with the trainer's"]
     records = sync["syncs"]
@@ -649,10 +677,10 @@ def sync_problems(sync: dict | None, steps: int) -> list[str]:
         return [f"a weight sync could not be compared ({errors[0]})"]
     if missing := sorted(set(range(1, steps)) - {r["step"] for r in records}):
         return [f"TRL did not sync vLLM before step(s) {missing}: vLLM generated them with stale weights"]
+    if shapes := [s for r in records for s in r.get("other_shape", [])]:
+        return [f"vLLM holds a weight of another shape than the trainer's ({shapes[0]}): a broken weight sync"]
     if not any(r["compared"] for r in records):
-        return [f"no weight of vLLM's ({', '.join(SYNC_COMPARED)}) matched one of the trainer's by name"]
-    if not any(r["moved_since_start"] for r in records):
-        return ["no compared weight moved since the start (in bf16): a working sync cannot be told from a stale one"]
+        return ["no weight of vLLM's matched one of the trainer's by name"]
     if wrong := [r for r in records if r["differing"]]:
         r = wrong[0]
         return [
@@ -660,6 +688,13 @@ def sync_problems(sync: dict | None, steps: int) -> list[str]:
             f"the trainer's ({r['moved_since_start']:,} moved since the start): vLLM generates with other weights than "
             "those trained (a stale or broken weight sync)"
         ]
+    if first_gradient is None or first_gradient >= steps:
+        return [
+            "the weight sync is not judged: no step before the last had a gradient, and the last step's update is "
+            "never synced, so no sync could carry moved weights (run more --steps)"
+        ]
+    if not any(r["moved_since_start"] for r in records):
+        return ["no compared weight moved since the start (in bf16): a working sync cannot be told from a stale one"]
     return []
 
 
@@ -728,7 +763,6 @@ def run_variant(variant: Variant, work: Path, shape: dict, dry_run: bool, timeou
         gpu_memory = json.loads((work / "assets" / "assets.json").read_text())["gpu_memory_gib"]
         result["vllm_reserved_gib"] = round(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory, 1) if gpu_memory else None
         result["memory_note"] = VLLM_MEMORY_NOTE
-        result["vllm_sync"] = read_json(folder / "vllm_sync.json")
     found = problems(variant, result, shape["steps"], dry_run, flash=not dry_run and flash_attention_here() is None)
     result["problems"] = found
     result["status"] = "passed" if not found else "ran, with problems" if variant.comparison_only else "failed"
@@ -832,6 +866,9 @@ def chosen(args) -> tuple[dict, list[str]]:
     unknown = sorted(set(names) - BY_NAME.keys())
     if unknown:
         sys.exit(f"--variants: unknown {unknown}; choose from {', '.join(BY_NAME)}")
+    if shape["steps"] < 2 and (vllm := [n for n in names if BY_NAME[n].generation == "vllm"]):
+        sys.exit(f"--steps {shape['steps']}: {', '.join(vllm)} need at least 2 (TRL syncs vLLM before a step, so the "
+                 "weight sync is checked from step 2 on)")  # fmt: skip
     return shape, names
 
 

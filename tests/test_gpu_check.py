@@ -116,6 +116,7 @@ def passing(name: str, dry_run: bool = False) -> dict:
     return {
         "steps": 3,
         "steps_with_gradient": 3,
+        "first_step_with_gradient": 1,
         "model": {"weights_dtype": sorted({base, *trainable}), "trainable_dtype": sorted(trainable),
                   "attention": "sdpa" if dry_run else "flash_attention_2"},
         "evaluation": {"baseline": summary, "final": summary},
@@ -157,6 +158,12 @@ WEAKENED = {  # (variant, what changes in the result, what the check must then s
                               "moved_since_start": 0} for s in range(3)]), "cannot be told from a stale"),
     "the comparison failed": ("full-vllm", ("vllm_sync", "syncs", [{"step": 1, "error": "AttributeError: x"}]),
                               "could not be compared (step 1: AttributeError"),
+    "a stacked weight of another shape": ("full-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 9,
+                                          "differing": 0, "moved_since_start": s, "other_shape": ["qkv_proj: ..."]}
+                                          for s in range(3)]), "another shape than the trainer's (qkv_proj"),
+    # the last step's update is never synced: with no gradient before it, no sync could carry a move
+    "only the last step had a gradient": ("lora-vllm", ("first_step_with_gradient", None, 3), "is not judged"),
+    "no step had a gradient (vLLM)": ("full-vllm", ("first_step_with_gradient", None, None), "is not judged"),
 }  # fmt: skip
 
 
@@ -172,27 +179,40 @@ def test_each_assertion_fails_a_variant_that_did_not_train_as_the_recipe_says(ca
     assert any(said in line for line in found), found
 
 
-class Engine(torch.nn.Module):
-    """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16; `drops`: it drops what it is
-    given, as a broken loader would."""
+class Engine:
+    """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16, with q/k/v and gate/up stacked into
+    one tensor each at their offsets as vLLM's Qwen2 holds them (`stacked_params_mapping`); `drops`: a part of the
+    names its loader drops, as a broken loader would ("" drops none)."""
 
-    def __init__(self, start: torch.nn.Module, drops: bool):
-        super().__init__()
-        self.inner, self.drops = start.to(torch.bfloat16), drops
+    def __init__(self, start: torch.nn.Module, drops: str):
+        weights = {name: p.detach().to(torch.bfloat16) for name, p in start.named_parameters()}
+        self.drops, self.params, self.shards = drops, {}, {}  # shards: a trainer name -> (vLLM's name, offset)
+        for name in weights:
+            vllm_name, offset = name, 0
+            for fused, parts in gpu_check.STACKED.items():
+                for i, part in enumerate(parts):
+                    if f".{part}." in name:
+                        vllm_name = name.replace(f".{part}.", f".{fused}.")
+                        offset = sum(len(weights[name.replace(f".{part}.", f".{p}.")]) for p in parts[:i])
+            self.shards[name] = (vllm_name, offset)
+            parts = [n for n, (v, _) in self.shards.items() if v == vllm_name]
+            self.params[vllm_name] = torch.cat([weights[n] for n in parts])
 
-    def named_parameters(self, *args, **kwargs):
-        return self.inner.named_parameters(*args, **kwargs)
+    def named_parameters(self):
+        return iter(self.params.items())
 
     def load_weights(self, weights):
         for name, tensor in weights:
-            if not self.drops:
-                dict(self.inner.named_parameters())[name].data.copy_(tensor)
+            if not (self.drops and self.drops in name):
+                vllm_name, offset = self.shards[name]
+                self.params[vllm_name][offset : offset + len(tensor)] = tensor
 
 
-SYNC_CASES = {  # what the sync does: (the loader drops the weights, TRL syncs before step 1, what the check says)
-    "synced": (False, True, None),
-    "a loader that drops the weights": (True, True, "a stale or broken weight sync"),
-    "no sync before step 1": (False, False, "TRL did not sync vLLM before step(s) [1]"),
+SYNC_CASES = {  # what the sync does: (the names the loader drops, TRL syncs before step 1, what the check says)
+    "synced": ("", True, None),
+    "a loader that drops the weights": (".", True, "a stale or broken weight sync"),
+    "a loader that drops q_proj, a stacked shard": (".q_proj.", True, "a stale or broken weight sync"),
+    "no sync before step 1": ("", False, "TRL did not sync vLLM before step(s) [1]"),
 }
 
 
@@ -220,7 +240,7 @@ def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, mo
     model = Qwen2ForCausalLM(config)
     model.load_state_dict(start.state_dict())  # fp32 weights, as the recipe trains them
     if adapters:
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["o_proj", "down_proj"]))
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "o_proj", "up_proj"]))
         keep_base_exact(model)
     trained = [p for n, p in model.named_parameters() if ("lora_B" in n if adapters else n.endswith("proj.weight"))]
     base = [p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n]
@@ -244,11 +264,35 @@ def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, mo
         generation.sync_weights()  # before step 1's round
 
     assert [r["step"] for r in records] == [0, 1][: 1 + syncs_step_1]
-    assert records[0]["compared"] == 2 * (32 * 32 + 32 * 64) and records[0]["moved_since_start"] == 0
-    found = gpu_check.sync_problems({"syncs": records}, steps=2)
+    assert records[0]["compared"] == sum(p.numel() for p in start.parameters())  # every weight, stacked or not
+    assert records[0]["moved_since_start"] == 0 and records[0]["other_shape"] == []
+    found = gpu_check.sync_problems({"syncs": records}, steps=2, first_gradient=1)
     assert found == ([] if said is None else [found[0]]) and (said is None or said in found[0]), found
     after = [p for n, p in model.named_parameters() if "base_layer" in n]
     assert all(torch.equal(a, b) for a, b in zip(after, base, strict=True))  # the LoRA base as it was
+
+
+def test_the_sync_comparisons_time_is_taken_out_of_the_step_it_ran_in():
+    """A sync at global step g runs inside the training step logged as g + 1 (TRL's `training_step` times its
+    generation round): the check's own seconds there are not the run's."""
+    log = [{"step": s, "step_time": 2.0, "completions/mean_length": 10.0, "grad_norm": g} for s, g in [(1, 0.0),
+           (2, 0.5), (3, 0.5)]]  # fmt: skip
+    plain = gpu_check.steps_measured(log, 4)
+    checked = gpu_check.steps_measured(log, 4, {2: 0.5, 3: 1.0})  # the syncs at steps 1 and 2
+    assert (plain["mean_step_s"], checked["mean_step_s"]) == (2.0, 1.25)
+    assert checked["step_seconds"] == [2.0, 1.5, 1.0] and checked["generated_tokens_per_s"] == 80 / 2.5
+    assert (checked["steps_with_gradient"], checked["first_step_with_gradient"]) == (2, 2)
+
+
+@pytest.mark.parametrize(("variants", "steps", "refused"), [("full-vllm", 1, True), ("full,lora-vllm", 1, True),
+                         ("full", 1, False), ("full-vllm", 2, False)])  # fmt: skip
+def test_a_vllm_variant_needs_two_steps_to_check_its_sync(variants, steps, refused):
+    args = SimpleNamespace(dry_run=False, steps=steps, completion=None, variants=variants)
+    if refused:
+        with pytest.raises(SystemExit, match="need at least 2"):
+            gpu_check.chosen(args)
+    else:
+        assert gpu_check.chosen(args)[0]["steps"] == steps
 
 
 def test_flash_attention_is_required_only_where_flash_attn_imports():
