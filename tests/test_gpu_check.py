@@ -272,6 +272,21 @@ def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, mo
     assert all(torch.equal(a, b) for a, b in zip(after, base, strict=True))  # the LoRA base as it was
 
 
+@pytest.mark.slow
+def test_the_sync_probe_runs_the_recipe_as_asked_and_writes_its_report(tmp_path):
+    """A vLLM variant's command (`--_sync_probe REPORT START -- recipe args`): the recipe runs with its arguments,
+    TRL's sync watched, and the report is written when training ends (no vLLM here: no sync to record)."""
+    report, output = tmp_path / "vllm_sync.json", tmp_path / "output"
+    probe = ["--_sync_probe", str(report), str(tmp_path / "start"), "--"]
+    recipe = ["--smoke", "--max_steps", "1", "--warmup_steps", "0", "--output_dir", str(output)]
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *probe, *recipe]
+    done = subprocess.run(command, cwd=tmp_path, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(report.read_text()) == {"syncs": []}
+    state = json.loads((output / "trainer_state.json").read_text())
+    assert state["global_step"] == 1 and (output / "model.safetensors").is_file()  # the recipe's own arguments
+
+
 def test_the_sync_comparisons_time_is_taken_out_of_the_step_it_ran_in():
     """A sync at global step g runs inside the training step logged as g + 1 (TRL's `training_step` times its
     generation round): the check's own seconds there are not the run's."""
