@@ -778,9 +778,11 @@ def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256)
 def alternatives(shape: dict, plan: dict) -> list[tuple[str, float]]:
     """Other ways to run `plan` that fit its GPU, each with its estimate (bytes)."""
     gpus = plan["processes"] if plan.get("processes", 1) > 1 else 8  # a single process: an 8-GPU box
+    no_vllm = ", without --use_vllm" if plan.get("vllm_share") or plan.get("server") else ""  # refused with QLoRA
     options = [
-        ("LoRA (--use_peft)", {"mode": "lora", "zero": None, "vllm_share": 0.0}),
-        ("QLoRA (--use_peft --load_in_4bit)", {"mode": "qlora", "zero": None, "vllm_share": 0.0}),
+        ("LoRA (--use_peft)", {"mode": "lora", "zero": None}),
+        (f"QLoRA (--use_peft --load_in_4bit{no_vllm})",
+         {"mode": "qlora", "zero": None, "vllm_share": 0.0, "server": None}),
         (f"ZeRO-2 over {gpus} GPUs (accelerate launch --config_file configs/zero2.yaml)",
          {"zero": "2", "processes": gpus}),
         (f"ZeRO-3 over {gpus} GPUs (accelerate launch --config_file configs/zero3.yaml)",

@@ -193,6 +193,28 @@ def test_an_8b_full_fine_tune_on_one_141_gb_gpu_is_refused_with_what_fits(fake_c
     assert "shorter completions" not in said  # 786 tokens or 393: the weights, gradients and moments alone overflow
 
 
+VLLM_MODES = {"transformers": [], "colocate": ["--use_vllm", "--vllm_mode", "colocate"],
+              "server": ["--use_vllm", "--vllm_mode", "server"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("vllm", VLLM_MODES.values(), ids=VLLM_MODES.keys())
+def test_what_fits_instead_is_said_as_a_command_the_settings_accept(fake_cuda, gpu_extras, monkeypatch, vllm):
+    """QLoRA is refused with vLLM: suggested for a vLLM run, it says to drop --use_vllm, and its estimate has no vLLM
+    in it; LoRA works with vLLM, so its estimate keeps the run's vLLM."""
+    monkeypatch.setattr(checks, "gpu_memory", lambda: 141e9)
+    v = resolved(vllm)
+    plan = checks.memory_plan(v, v, 141e9)
+    shape = checks.model_shape(*skeleton("llama", **LLAMA_8B))
+    options = dict(checks.alternatives(shape, plan))
+    lora = sum(checks.memory_estimate(shape, {**plan, "mode": "lora", "zero": None}).values())
+    qlora = sum(checks.memory_estimate(shape, {**plan, "mode": "qlora", "vllm_share": 0.0, "server": None}).values())
+    said = ", without --use_vllm" if vllm else ""
+    assert options["LoRA (--use_peft)"] == lora and options[f"QLoRA (--use_peft --load_in_4bit{said})"] == qlora
+    assert (lora > sum(checks.memory_estimate(shape, {**plan, "mode": "lora", "vllm_share": 0.0}).values())) == (
+        "colocate" in vllm
+    )  # colocate's reserved share counted in LoRA's estimate
+
+
 def test_the_recipes_1_5b_full_fine_tune_fits(fake_cuda, monkeypatch, caplog):
     monkeypatch.setattr(checks, "gpu_memory", lambda: 141e9)
     v = resolved([])
