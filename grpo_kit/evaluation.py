@@ -327,7 +327,7 @@ def measurement_plan(run, training_args, answer_format, *, training: bool) -> Pl
         before_and_after=run.final_eval,
         every_steps=run.eval_every_steps,
         subset=run.eval_subset,
-        harness=harness.run_settings(run),
+        harness=harness.run_settings(run.eval_batch_size, run.eval_limit, run.eval_max_gen_toks),
     )
 
 
@@ -461,7 +461,7 @@ def evaluate_harness(protocol, plan: Plan, training_args, model_args, trained: b
     `vllm` with `--use_vllm`), into `eval/final-<protocol>` (`baseline-` of a start model); then the comparison."""
     path, output_dir = model_args.model_name_or_path, training_args.output_dir
     settings = dict(plan.harness)
-    spec = harness.model_args(path, model_args, training_args)
+    spec = harness.model_args(path, model_args.model_revision, training_args.trust_remote_code)
     if training_args.use_vllm:
         settings["backend"] = "vllm"
         spec |= {"lora_local_path": spec.pop("peft")} if "peft" in spec else {}  # lm-eval's vllm name for an adapter

@@ -60,7 +60,7 @@ def task_config(task: str, dataset_dir: str | None) -> dict:
     return config
 
 
-def model_args(path: str, model_args=None, training_args=None) -> dict:
+def model_args(path: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
     """lm-eval's model arguments for a saved model (a LoRA adapter: on its base, as `peft=`), as the recipe loads it:
     its revision and remote code where set; the dtype lm-eval's (`auto`, the folder's own)."""
     adapter = Path(path) / "adapter_config.json"
@@ -68,9 +68,9 @@ def model_args(path: str, model_args=None, training_args=None) -> dict:
         args = {"pretrained": json.loads(adapter.read_text(encoding="utf-8"))["base_model_name_or_path"], "peft": path}
     else:
         args = {"pretrained": path}
-    if model_args is not None and model_args.model_revision not in (None, "main"):
-        args["revision"] = model_args.model_revision
-    if training_args is not None and training_args.trust_remote_code:
+    if revision not in (None, "main"):
+        args["revision"] = revision
+    if trust_remote_code:
         args["trust_remote_code"] = True
     return args
 
@@ -87,15 +87,13 @@ def command(model: dict, protocol: Harness, task_file: Path, settings: dict) -> 
     return shlex.join([*words, "--log_samples", "--output_path", "lm_eval_out"])
 
 
-def run_settings(run) -> dict:
+def run_settings(batch_size: int, limit: int | None, max_gen_toks: int | None) -> dict:
     """What of the run's settings an lm-eval evaluation takes: the batch, the questions, the completion's length
     (None: lm-eval's, 256 tokens), the device (the GPU where there is one, as lm-eval's default)."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return {"batch_size": run.eval_batch_size, "limit": run.eval_limit, "max_gen_toks": run.eval_max_gen_toks} | {
-        "device": device
-    }
+    return {"batch_size": batch_size, "limit": limit, "max_gen_toks": max_gen_toks, "device": device}
 
 
 def protocol_details(protocol: Harness, dataset_dir, settings: dict) -> dict:

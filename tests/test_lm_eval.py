@@ -244,3 +244,21 @@ def test_an_evaluation_stopped_half_way_leaves_no_folder_to_take_for_a_result(
     with pytest.raises(stop):
         harness.evaluate(lm, harness.Harness("gsm8k-chat"), gsm8k_dir, folder, settings, model_name="m", saved_as={})
     assert list((tmp_path / "eval").iterdir()) == []
+
+
+MODEL_ARGS = {  # (the folder holds an adapter, revision, trust_remote_code): lm-eval's --model_args
+    "a model folder": (False, None, False, {"pretrained": "FOLDER"}),
+    "a LoRA adapter, on its base": (True, None, False, {"pretrained": "base/model", "peft": "FOLDER"}),
+    "the default revision, not said": (False, "main", False, {"pretrained": "FOLDER"}),
+    "a revision": (False, "v1.1", False, {"pretrained": "FOLDER", "revision": "v1.1"}),
+    "remote code": (False, None, True, {"pretrained": "FOLDER", "trust_remote_code": True}),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_ARGS, ids=list(MODEL_ARGS))
+def test_lm_eval_loads_the_model_as_the_recipe_does(case, tmp_path):
+    adapter, revision, remote, expected = MODEL_ARGS[case]
+    if adapter:
+        (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "base/model"}))
+    said = harness.model_args(str(tmp_path), revision, remote)
+    assert said == {k: str(tmp_path) if v == "FOLDER" else v for k, v in expected.items()}
