@@ -680,10 +680,11 @@ def _full_parts(P: float, plan: dict, moments: int) -> tuple[dict[str, float], i
     return parts, residual, gathered
 
 
-def _adapter_parts(shape: dict, plan: dict, moments: int) -> tuple[dict[str, float], float]:
-    """LoRA's and QLoRA's parts of `memory_estimate`, and (ZeRO-3) the base gathered whole: TRL merges the adapters
-    into the whole model to sync vLLM, server or colocate (`VLLMGeneration._iter_named_params`, `gather_params` of
-    every parameter), and generates with it gathered (`unwrap_model_for_generation`) where vLLM does not."""
+def _adapter_parts(shape: dict, plan: dict, moments: int) -> tuple[dict[str, float], float, float]:
+    """LoRA's and QLoRA's parts of `memory_estimate`, (ZeRO-3) the base gathered whole, and the base copy a vLLM sync
+    keeps: TRL merges the adapters into the whole model to sync vLLM, server or colocate
+    (`VLLMGeneration._iter_named_params`, `gather_params` of every parameter), and generates with it gathered
+    (`unwrap_model_for_generation`) where vLLM does not."""
     P, L, H, mode = shape["parameters"], shape["layers"], shape["hidden"], plan["mode"]
     n, zero3 = max(1, plan.get("processes", 1)), plan.get("zero") == "3"
     parts: dict[str, float] = {}
@@ -701,10 +702,12 @@ def _adapter_parts(shape: dict, plan: dict, moments: int) -> tuple[dict[str, flo
     parts[f"base weights ({kind}{', sharded' if zero3 else ''})"] = base / n if zero3 else base
     parts["adapters, gradients, optimizer"] = (4 + 4 + moments + (4 if n > 1 else 0)) * adapters
     syncs = plan.get("vllm_share") or plan.get("server")
-    if syncs:  # patches.keep_base_exact: the merged layers' base, copied for the length of a sync
-        parts["base copy during a vLLM sync"] = per_body * body
+    copy = per_body * body if syncs else 0.0  # patches.keep_base_exact: the merged layers' base, for a sync's length
     gathered = base - base / n if zero3 and (syncs or plan.get("gather", True)) else 0.0
-    return parts, gathered
+    return parts, gathered, copy
+
+
+SYNC_HOLDS = "training activations, or what a vLLM sync holds (the base gathered, LoRA's base copy), the larger"
 
 
 def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
@@ -724,15 +727,16 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     adapters with their gradients and moments. beta > 0: TRL's reference model for the KL term, in bf16
     (`patches.reference_in_bf16`; LoRA's is the base with the adapters off: nothing more). Generation and training do
     not overlap: the peak is the larger of the KV cache (bf16) and the training's activations (checkpointed layer
-    inputs, one layer's recompute, and the fused LM head's logit tiles: `LOGPROB_TILE`)."""
+    inputs, one layer's recompute, and the fused LM head's logit tiles: `LOGPROB_TILE`); nor do a vLLM sync (before
+    a step's generation) and the training's passes, so what a sync holds counts only where it is the larger."""
     P, L, H = shape["parameters"], shape["layers"], shape["hidden"]
     mode = plan["mode"]
     tokens, completion = plan["prompt"] + plan["completion"], plan["completion"]
     moments = 2 if plan.get("optim_8bit") else 8
     if mode == "full":
-        parts, residual, gathered = _full_parts(P, plan, moments)
+        (parts, residual, gathered), copy = _full_parts(P, plan, moments), 0.0
     else:
-        (parts, gathered), residual = _adapter_parts(shape, plan, moments), 2
+        (parts, gathered, copy), residual = _adapter_parts(shape, plan, moments), 2
     kv_bytes = 2 + 2  # bf16 keys and values (patches.cast_once_per_generation: RoPE in bf16 while generating)
     kv = plan["generation_batch"] * tokens * L * shape["kv_heads"] * shape["head_dim"] * kv_bytes
     kv = 0 if plan.get("server") else kv  # a vLLM server generates elsewhere
@@ -742,10 +746,10 @@ def memory_estimate(shape: dict, plan: dict) -> dict[str, float]:
     activations += 2 * rows * columns * 2  # the LM head's bf16 logit tiles, forward and backward
     if plan.get("vllm_share"):
         parts["vLLM (its reserved share)"] = plan["vllm_share"] * plan["gpu"]
-        if gathered:  # a sync gathers the base whole while vLLM holds its share, between the training's passes
-            parts["training activations, or the base gathered for a vLLM sync, the larger"] = max(activations, gathered)
-        else:
-            parts["training activations"] = activations
+    if (plan.get("vllm_share") or plan.get("server")) and gathered + copy:  # a sync, before a step's passes
+        parts[SYNC_HOLDS] = max(activations, gathered + copy)
+    elif plan.get("vllm_share"):
+        parts["training activations"] = activations
     elif gathered:
         parts["KV cache and gathered weights, or training activations, the larger"] = max(kv + gathered, activations)
     else:

@@ -423,10 +423,9 @@ LORA_ZERO3 = dict(mode="lora", zero="3", processes=8, batch=1, generation_batch=
         ({}, "KV cache and gathered weights, or training activations, the larger", "gathered"),
         # a vLLM server: no KV cache here, but each sync gathers the whole model to merge the adapters into it
         # (VLLMGeneration._iter_named_params) and patches.keep_base_exact copies the merged layers' base
-        ({"server": True}, "KV cache and gathered weights, or training activations, the larger", "gathered"),
-        ({"server": True}, "base copy during a vLLM sync", 2.44),  # the layers LoRA targets: all but the embeddings
-        # vLLM colocated: the same gather, while vLLM holds its share
-        ({"vllm_share": 0.3}, "training activations, or the base gathered for a vLLM sync, the larger", "gathered"),
+        ({"server": True}, checks.SYNC_HOLDS, "gathered and copied"),
+        # vLLM colocated: the same gather and copy, while vLLM holds its share
+        ({"vllm_share": 0.3}, checks.SYNC_HOLDS, "gathered and copied"),
     ],
 )
 def test_lora_under_zero3_shards_the_base_and_counts_it_gathered(change, part, gib):
@@ -434,11 +433,27 @@ def test_lora_under_zero3_shards_the_base_and_counts_it_gathered(change, part, g
     shape = checks.model_shape(config, model)
     parts = checks.memory_estimate(shape, {**LORA_ZERO3, "gpu": 141e9, **change})
     assert part in parts, sorted(parts)
+    base = 2 * shape["parameters"]
     if gib == "gathered":  # the whole bf16 base less the shard held: 7/8 of 3.1 GB (with a few MB of KV cache)
-        base = 2 * shape["parameters"]
         assert 7 / 8 * base <= parts[part] < base
+    elif gib == "gathered and copied":  # and the layers LoRA targets copied, all but the embeddings: 2.44 GiB
+        assert parts[part] == 7 / 8 * base + 2 * (shape["parameters"] - shape["embedding"])
     elif gib is not None:
         assert round(parts[part] / 2**30, 2) == pytest.approx(gib, abs=0.05)
+
+
+def test_a_vllm_sync_and_the_training_passes_are_not_counted_at_once():
+    """A LoRA run's vLLM sync (the merged layers' base copied, `patches.keep_base_exact`) runs before a step's
+    generation, the training's activations after it: the peak holds the larger of the two, not their sum."""
+    config, model = skeleton("qwen2", **QWEN_1_5B)
+    shape = checks.model_shape(config, model)
+    plan = dict(mode="lora", batch=16, generation_batch=64, prompt=256, completion=786, gpu=141e9, vllm_share=0.3)
+    copy = 2 * (shape["parameters"] - shape["embedding"])
+    recipe, short = checks.memory_estimate(shape, plan), checks.memory_estimate(shape, {**plan, "batch": 1})
+    assert short[checks.SYNC_HOLDS] == copy  # one completion's activations: the copy is the larger
+    assert recipe[checks.SYNC_HOLDS] > copy  # the recipe's micro-batch: its activations are
+    without = checks.memory_estimate(shape, {**plan, "vllm_share": 0.0})  # transformers generates: no sync
+    assert sum(recipe.values()) - 0.3 * 141e9 == sum(without.values())  # the share more, nothing for the copy
 
 
 @pytest.mark.parametrize(
