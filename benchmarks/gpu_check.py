@@ -415,7 +415,9 @@ def steps_measured(log_history: list[dict], completions_per_step: int, checked: 
         "generated_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         "learning_rates": [entry.get("learning_rate", 0.0) for entry in steps],
         "steps_with_gradient": sum(1 for entry in steps if entry.get("grad_norm", 0.0) > 0),
-        "first_step_with_gradient": next((i for i, e in enumerate(steps, 1) if e.get("grad_norm", 0.0) > 0), None),
+        "first_step_with_gradient": next(
+            (e.get("step", i) for i, e in enumerate(steps, 1) if e.get("grad_norm", 0) > 0), None
+        ),
         "reward_std": [round(entry.get("reward_std", 0.0), 4) for entry in steps],
     }
 
@@ -615,7 +617,7 @@ def sync_gap(generation, start_model: Path) -> dict:
 
     engine = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
     model = generation.accelerator.unwrap_model(generation.model)
-    found = {"compared": 0, "differing": 0, "moved_since_start": 0, "other_shape": []}
+    found = {"compared": 0, "differing": 0, "moved_since_start": 0, "other_shape": [], "not_in_vllm": []}
     with contextlib.ExitStack() as stack:
         start = {}  # name -> the open start file that holds it
         for path in sorted(start_model.glob("model*.safetensors")):
@@ -625,12 +627,17 @@ def sync_gap(generation, start_model: Path) -> dict:
             stack.callback(model.unmerge_adapter)
             model.merge_adapter()
         ours = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p for n, p in model.named_parameters()}
+        ours = {name: p for name, p in ours.items() if "lora_" not in name}  # TRL syncs the merged base, not these
+        unseen = set(ours)
         for name, theirs in engine.named_parameters():
             parts = trainer_names(name)  # TRL's own renaming above; lm_head tied to the embedding: not the trainer's
             if not all(part in ours and part in start for part in parts):
                 continue
+            unseen -= set(parts)
             mine = torch.cat([ours[part].detach().to(torch.bfloat16) for part in parts])
-            theirs = theirs.detach()[: mine.shape[0]]  # vLLM pads its vocabulary to a multiple of 64
+            theirs = theirs.detach()
+            if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                theirs = theirs[: mine.shape[0]]  # vLLM pads its vocabulary to a multiple of 64
             if theirs.shape != mine.shape:
                 found["other_shape"].append(f"{name}: vLLM {list(theirs.shape)}, trainer {list(mine.shape)}")
                 continue
@@ -638,6 +645,7 @@ def sync_gap(generation, start_model: Path) -> dict:
             found["compared"] += mine.numel()
             found["differing"] += int((mine != theirs.to(mine.device, torch.bfloat16)).sum())
             found["moved_since_start"] += int((mine != begun).sum())
+    found["not_in_vllm"] = sorted(unseen)  # a weight trained and never compared: a sync could lose it unseen
     return found
 
 
@@ -677,18 +685,22 @@ def sync_problems(sync: dict | None, steps: int, first_gradient: int | None = 1)
     records = sync["syncs"]
     if errors := [f"step {r['step']}: {r['error']}" for r in records if "error" in r]:
         return [f"a weight sync could not be compared ({errors[0]})"]
-    if missing := sorted(set(range(1, steps)) - {r["step"] for r in records}):
-        return [f"TRL did not sync vLLM before step(s) {missing}: vLLM generated them with stale weights"]
+    if missing := sorted(set(range(1, steps)) - {r["step"] for r in records}):  # global steps: before step g + 1
+        return [
+            f"TRL did not sync vLLM before step(s) {[g + 1 for g in missing]}: vLLM generated them with stale weights"
+        ]
     if shapes := [s for r in records for s in r.get("other_shape", [])]:
         return [f"vLLM holds a weight of another shape than the trainer's ({shapes[0]}): a broken weight sync"]
     if not any(r["compared"] for r in records):
         return ["no weight of vLLM's matched one of the trainer's by name"]
+    if unseen := sorted({name for r in records for name in r.get("not_in_vllm", [])}):
+        return [f"{len(unseen)} of the trainer's weights have no weight in vLLM to compare (e.g. {unseen[0]})"]
     if wrong := [r for r in records if r["differing"]]:
         r = wrong[0]
         return [
-            f"after the sync at step {r['step']}, {r['differing']:,} of {r['compared']:,} weights in vLLM differ from "
-            f"the trainer's ({r['moved_since_start']:,} moved since the start): vLLM generates with other weights than "
-            "those trained (a stale or broken weight sync)"
+            f"after the sync before step {r['step'] + 1}, {r['differing']:,} of {r['compared']:,} weights in vLLM "
+            f"differ from the trainer's ({r['moved_since_start']:,} moved since the start): vLLM generates with other "
+            "weights than those trained (a stale or broken weight sync)"
         ]
     if first_gradient is None or first_gradient >= steps:
         return [
@@ -868,7 +880,8 @@ def chosen(args) -> tuple[dict, list[str]]:
     unknown = sorted(set(names) - BY_NAME.keys())
     if unknown:
         sys.exit(f"--variants: unknown {unknown}; choose from {', '.join(BY_NAME)}")
-    if shape["steps"] < 2 and (vllm := [n for n in names if BY_NAME[n].generation == "vllm"]):
+    vllm = [n for n in names if BY_NAME[n].generation == "vllm" and available(BY_NAME[n], args.dry_run) is None]
+    if shape["steps"] < 2 and vllm:
         sys.exit(f"--steps {shape['steps']}: {', '.join(vllm)} need at least 2 (TRL syncs vLLM before a step, so the "
                  "weight sync is checked from step 2 on)")  # fmt: skip
     return shape, names

@@ -150,7 +150,7 @@ WEAKENED = {  # (variant, what changes in the result, what the check must then s
                           "moved_since_start": 300}, {"step": 2, "compared": 4096, "differing": 0,
                           "moved_since_start": 300}]), "a stale or broken weight sync"),
     "a step without a sync": ("lora-vllm", ("vllm_sync", "syncs", [{"step": 0, "compared": 4096, "differing": 0,
-                              "moved_since_start": 0}]), "did not sync vLLM before step(s) [1, 2]"),
+                              "moved_since_start": 0}]), "did not sync vLLM before step(s) [2, 3]"),
     "no sync compared": ("full-vllm", ("vllm_sync", None, None), "no vllm_sync.json"),
     "no name matched": ("full-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 0, "differing": 0,
                         "moved_since_start": 0} for s in range(3)]), "matched one of the trainer's by name"),
@@ -161,6 +161,9 @@ WEAKENED = {  # (variant, what changes in the result, what the check must then s
     "a stacked weight of another shape": ("full-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 9,
                                           "differing": 0, "moved_since_start": s, "other_shape": ["qkv_proj: ..."]}
                                           for s in range(3)]), "another shape than the trainer's (qkv_proj"),
+    "a trained weight vLLM lacks": ("full-vllm", ("vllm_sync", "syncs", [{"step": s, "compared": 9, "differing": 0,
+                                    "moved_since_start": s, "not_in_vllm": ["lm_head.weight"]} for s in range(3)]),
+                                    "no weight in vLLM to compare (e.g. lm_head.weight)"),
     # the last step's update is never synced: with no gradient before it, no sync could carry a move
     "only the last step had a gradient": ("lora-vllm", ("first_step_with_gradient", None, 3), "is not judged"),
     "no step had a gradient (vLLM)": ("full-vllm", ("first_step_with_gradient", None, None), "is not judged"),
@@ -179,24 +182,30 @@ def test_each_assertion_fails_a_variant_that_did_not_train_as_the_recipe_says(ca
     assert any(said in line for line in found), found
 
 
+# vLLM's Qwen2 and Llama at tensor-parallel size 1: q, k, v stacked in this order into qkv_proj, gate and up into
+# gate_up_proj, each at the sum of the shards before it (QKVParallelLinear, MergedColumnParallelLinear), written out
+# here rather than read from the check, so that a check stacking in another order fails
+VLLM_STACKS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+               "up_proj": "gate_up_proj"}  # fmt: skip
+
+
 class Engine:
     """vLLM's model as TRL's colocate sync writes into it (`load_weights`), in bf16, with q/k/v and gate/up stacked into
-    one tensor each at their offsets as vLLM's Qwen2 holds them (`stacked_params_mapping`); `drops`: a part of the
-    names its loader drops, as a broken loader would ("" drops none)."""
+    one tensor each at their offsets as vLLM's Qwen2 holds them (`VLLM_STACKS`); `drops`: a part of the names its
+    loader drops, as a broken loader would ("" drops none)."""
 
     def __init__(self, start: torch.nn.Module, drops: str):
         weights = {name: p.detach().to(torch.bfloat16) for name, p in start.named_parameters()}
         self.drops, self.params, self.shards = drops, {}, {}  # shards: a trainer name -> (vLLM's name, offset)
-        for name in weights:
-            vllm_name, offset = name, 0
-            for fused, parts in gpu_check.STACKED.items():
-                for i, part in enumerate(parts):
-                    if f".{part}." in name:
-                        vllm_name = name.replace(f".{part}.", f".{fused}.")
-                        offset = sum(len(weights[name.replace(f".{part}.", f".{p}.")]) for p in parts[:i])
-            self.shards[name] = (vllm_name, offset)
-            parts = [n for n, (v, _) in self.shards.items() if v == vllm_name]
-            self.params[vllm_name] = torch.cat([weights[n] for n in parts])
+        for name, weight in weights.items():  # in the model's order: q, k, v and gate, up
+            part = next((p for p in VLLM_STACKS if f".{p}." in name), None)
+            vllm_name = name.replace(f".{part}.", f".{VLLM_STACKS[part]}.") if part else name
+            held = self.params.get(vllm_name, weight[:0])
+            self.shards[name] = (vllm_name, len(held))
+            self.params[vllm_name] = torch.cat([held, weight])
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):  # the vocabulary padded to a multiple of 64
+            rows = self.params[name]
+            self.params[name] = torch.cat([rows, rows.new_zeros(-len(rows) % 64, rows.shape[1])])
 
     def named_parameters(self):
         return iter(self.params.items())
@@ -212,7 +221,7 @@ SYNC_CASES = {  # what the sync does: (the names the loader drops, TRL syncs bef
     "synced": ("", True, None),
     "a loader that drops the weights": (".", True, "a stale or broken weight sync"),
     "a loader that drops q_proj, a stacked shard": (".q_proj.", True, "a stale or broken weight sync"),
-    "no sync before step 1": ("", False, "TRL did not sync vLLM before step(s) [1]"),
+    "no sync before step 2": ("", False, "TRL did not sync vLLM before step(s) [2]"),
 }
 
 
@@ -233,7 +242,7 @@ def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, mo
 
     drops, syncs_step_1, said = SYNC_CASES[case]
     config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64)  # fmt: skip
+                         num_key_value_heads=2, vocab_size=60)  # fmt: skip
     torch.manual_seed(0)
     start = Qwen2ForCausalLM(config)
     start.to(torch.bfloat16).save_pretrained(tmp_path / "start")  # the check's start model: bf16
@@ -265,7 +274,7 @@ def test_the_sync_check_passes_trls_own_syncs_and_fails_a_stale_one(tmp_path, mo
 
     assert [r["step"] for r in records] == [0, 1][: 1 + syncs_step_1]
     assert records[0]["compared"] == sum(p.numel() for p in start.parameters())  # every weight, stacked or not
-    assert records[0]["moved_since_start"] == 0 and records[0]["other_shape"] == []
+    assert records[0]["moved_since_start"] == 0 and records[0]["other_shape"] == records[0]["not_in_vllm"] == []
     found = gpu_check.sync_problems({"syncs": records}, steps=2, first_gradient=1)
     assert found == ([] if said is None else [found[0]]) and (said is None or said in found[0]), found
     after = [p for n, p in model.named_parameters() if "base_layer" in n]
@@ -299,9 +308,12 @@ def test_the_sync_comparisons_time_is_taken_out_of_the_step_it_ran_in():
     assert (checked["steps_with_gradient"], checked["first_step_with_gradient"]) == (2, 2)
 
 
-@pytest.mark.parametrize(("variants", "steps", "refused"), [("full-vllm", 1, True), ("full,lora-vllm", 1, True),
-                         ("full", 1, False), ("full-vllm", 2, False)])  # fmt: skip
-def test_a_vllm_variant_needs_two_steps_to_check_its_sync(variants, steps, refused):
+@pytest.mark.parametrize(("variants", "steps", "vllm", "refused"), [("full-vllm", 1, True, True),
+                         ("full,lora-vllm", 1, True, True), ("full", 1, True, False), ("full-vllm", 2, True, False),
+                         ("full-vllm", 1, False, False)])  # fmt: skip
+def test_a_vllm_variant_needs_two_steps_to_check_its_sync(monkeypatch, variants, steps, vllm, refused):
+    """Refused where the variant would run; without vLLM it is skipped anyway, saying so."""
+    monkeypatch.setattr(gpu_check, "available", lambda variant, dry_run: None if vllm else "vllm is not installed")
     args = SimpleNamespace(dry_run=False, steps=steps, completion=None, variants=variants)
     if refused:
         with pytest.raises(SystemExit, match="need at least 2"):
