@@ -64,9 +64,10 @@ any gradient would "change 100 % of its weights") and the expected move is `expe
 (e^-700) would zero every gradient; so a vLLM variant's sync is checked on the weights themselves instead: its
 recipe runs through `run_recipe_with_sync_probe`, which after every sync TRL makes compares every weight vLLM
 generates with against the trainer's (bf16, LoRA merged, q/k/v and gate/up stacked as vLLM holds them): a sync before
-each step after the first, each equal bit for bit, some weights moved since the start, or it fails (`sync_problems`:
-a stale or broken sync). The last step's update is never synced, so the vLLM variants need --steps 2 or more, and a
-step before the last with a gradient; the comparison's seconds are taken out of the step time it ran in.
+each step after the first, each equal bit for bit, every trained weight found in vLLM, some weights moved since the
+start, or it fails (`sync_problems`: a stale or broken sync). The last step's update is never synced, so the vLLM
+variants need --steps 2 or more, and a step before the last with a gradient; the comparison's seconds are taken out
+of the step time it ran in.
 Every variant runs on one GPU (CUDA_VISIBLE_DEVICES: the first one visible).
 `full-resume` (when asked) passes when both its runs exit 0, the resumed one ends at the last step,
 and its weights are the whole run's within a tenth of the last step's mean move (MAX_RESUME_GAP).
