@@ -545,7 +545,7 @@ def before_the_weights(train, run, model_args, training_args, tokenizer=None) ->
                    for p in train["prompt"])  # fmt: skip
 
     longest = longest_prompt if tokenizer is not None else None
-    model_and_disk(model_args, training_args, run.max_prompt_tokens, run.memory_plan, longest)
+    model_and_disk(model_args, training_args, run.max_prompt_tokens, run.memory_plan, longest, run.warm_start_rows > 0)
 
 
 def enough_data(train, training_args) -> None:
@@ -560,7 +560,7 @@ def enough_data(train, training_args) -> None:
 
 
 def model_and_disk(
-    model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True, longest_prompt=None
+    model_args, training_args, prompt_tokens: int = 256, plan_memory: bool = True, longest_prompt=None, warm=False
 ) -> None:
     """Stop, from the model's config alone (a few KB, no weights), a run whose LoRA targets the model lacks, whose
     longest prompt (`longest_prompt()`, tokens) and completion run past its positions (as the evaluation checks its
@@ -600,7 +600,7 @@ def model_and_disk(
             f"{shorter}"
         )
     if plan_memory:
-        memory_fits(config, skeleton, model_args, training_args, prompt_tokens)
+        memory_fits(config, skeleton, model_args, training_args, prompt_tokens, warm)
     # A full fine-tuning checkpoint holds the fp32 weights and AdamW's two moments; an adapter's is small.
     checkpoint = 2 * 2**30 if model_args.use_peft else sum(p.numel() for p in skeleton.parameters()) * (4 + 8)
     folder = Path(training_args.output_dir)
@@ -779,8 +779,8 @@ def memory_plan(model_args, training_args, gpu: float, prompt_tokens: int = 256)
     )  # fmt: skip
 
 
-def alternatives(shape: dict, plan: dict) -> list[tuple[str, float]]:
-    """Other ways to run `plan` that fit its GPU, each with its estimate (bytes)."""
+def alternatives(shape: dict, plan: dict, refused: set = frozenset()) -> list[tuple[str, float]]:
+    """Other ways to run `plan` that fit its GPU, each with its estimate (bytes); none of the modes `refused`."""
     gpus = plan["processes"] if plan.get("processes", 1) > 1 else 8  # a single process: an 8-GPU box
     no_vllm = ", without --use_vllm" if plan.get("vllm_share") or plan.get("server") else ""  # refused with QLoRA
     options = [
@@ -800,7 +800,7 @@ def alternatives(shape: dict, plan: dict) -> list[tuple[str, float]]:
     found = []
     for label, change in options:
         changed = {**plan, **change}
-        if changed == plan:
+        if changed == plan or change.get("mode") in refused:
             continue
         total = sum(memory_estimate(shape, changed).values())
         if total <= plan["gpu"]:
@@ -814,8 +814,9 @@ def gpu_memory() -> float:
     return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
-def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int = 256) -> None:
-    """Stop in the first seconds, with the options that fit, a run whose estimated peak memory exceeds its GPU."""
+def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int = 256, warm=False) -> None:
+    """Stop in the first seconds, with the options that fit, a run whose estimated peak memory exceeds its GPU; `warm`:
+    the run warm-starts (`--warm_start_rows`). Only options the settings accept are offered."""
     if training_args.use_cpu or not cuda_available():
         return
     shape, gpu = model_shape(config, skeleton), gpu_memory()
@@ -825,7 +826,10 @@ def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int 
     logger.info("Memory plan: ~%s of the GPU's %s (%s)", _gib(total), _gib(gpu), _parts(parts))
     if total <= gpu:
         return
-    options = alternatives(shape, plan)
+    refused = {"qlora"} if warm else set()  # a warm start trains every weight: no quantized base
+    if training_args.use_transformers_continuous_batching and (training_args.bf16 or training_args.fp16):
+        refused |= {"lora", "qlora"}  # TRL's cast to half would drop the fp32 adapters
+    options = alternatives(shape, plan, refused)
     listed = "; ".join(f"{label}: ~{_gib(need)}" for label, need in options) or "none of LoRA, QLoRA, ZeRO-2/3 fits"
     raise RecipeError(
         f"{model_args.model_name_or_path} ({shape['parameters'] / 1e9:.2f} B parameters) would need ~{_gib(total)} "

@@ -193,6 +193,26 @@ def test_an_8b_full_fine_tune_on_one_141_gb_gpu_is_refused_with_what_fits(fake_c
     assert "shorter completions" not in said  # 786 tokens or 393: the weights, gradients and moments alone overflow
 
 
+REFUSED_OPTIONS = {  # (the run's settings, warm-started, the options the settings would refuse for it)
+    "a warm start": ([], True, ["QLoRA"]),  # it trains every weight: no quantized base
+    "continuous batching": (["--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"], False,
+                            ["LoRA", "QLoRA"]),  # TRL's cast to bf16 would drop the fp32 adapters
+    "neither": ([], False, []),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSED_OPTIONS, ids=list(REFUSED_OPTIONS))
+def test_what_fits_instead_leaves_out_what_the_settings_would_refuse(fake_cuda, monkeypatch, case):
+    extra, warm, left_out = REFUSED_OPTIONS[case]
+    monkeypatch.setattr(checks, "gpu_memory", lambda: 40e9)
+    v = resolved(extra)
+    with pytest.raises(RecipeError) as refused:
+        checks.memory_fits(*skeleton("llama", **LLAMA_8B), v, v, warm=warm)
+    offered = str(refused.value).split("What fits, estimated: ")[1]
+    for mode in ("LoRA", "QLoRA"):
+        assert (f"{mode} (--use_peft" not in offered) == (mode in left_out), offered
+
+
 VLLM_MODES = {"transformers": [], "colocate": ["--use_vllm", "--vllm_mode", "colocate"],
               "server": ["--use_vllm", "--vllm_mode", "server"]}  # fmt: skip
 
