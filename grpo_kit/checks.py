@@ -826,6 +826,7 @@ def memory_fits(config, skeleton, model_args, training_args, prompt_tokens: int 
     logger.info("Memory plan: ~%s of the GPU's %s (%s)", _gib(total), _gib(gpu), _parts(parts))
     if total <= gpu:
         return
+    # the modes `lora_and_bitsandbytes` and `generation` refuse for this run (a test holds the two together)
     refused = {"qlora"} if warm else set()  # a warm start trains every weight: no quantized base
     if training_args.use_transformers_continuous_batching and (training_args.bf16 or training_args.fp16):
         refused |= {"lora", "qlora"}  # TRL's cast to half would drop the fp32 adapters

@@ -194,7 +194,7 @@ def test_an_8b_full_fine_tune_on_one_141_gb_gpu_is_refused_with_what_fits(fake_c
 
 
 REFUSED_OPTIONS = {  # (the run's settings, warm-started, the options the settings would refuse for it)
-    "a warm start": ([], True, ["QLoRA"]),  # it trains every weight: no quantized base
+    "a warm start": (["--warm_start_rows", "8"], True, ["QLoRA"]),  # it trains every weight: no quantized base
     "continuous batching": (["--use_transformers_continuous_batching", "true", "--dtype", "bfloat16"], False,
                             ["LoRA", "QLoRA"]),  # TRL's cast to bf16 would drop the fp32 adapters
     "neither": ([], False, []),
@@ -202,15 +202,18 @@ REFUSED_OPTIONS = {  # (the run's settings, warm-started, the options the settin
 
 
 @pytest.mark.parametrize("case", REFUSED_OPTIONS, ids=list(REFUSED_OPTIONS))
-def test_what_fits_instead_leaves_out_what_the_settings_would_refuse(fake_cuda, monkeypatch, case):
+def test_what_fits_instead_leaves_out_what_the_settings_would_refuse(fake_cuda, gpu_extras, monkeypatch, case):
+    """The options left out are those the settings' own checks refuse for the run (its twin rules there)."""
     extra, warm, left_out = REFUSED_OPTIONS[case]
     monkeypatch.setattr(checks, "gpu_memory", lambda: 40e9)
     v = resolved(extra)
     with pytest.raises(RecipeError) as refused:
         checks.memory_fits(*skeleton("llama", **LLAMA_8B), v, v, warm=warm)
     offered = str(refused.value).split("What fits, estimated: ")[1]
-    for mode in ("LoRA", "QLoRA"):
+    for mode, flags in {"LoRA": ["--use_peft"], "QLoRA": ["--use_peft", "--load_in_4bit"]}.items():
         assert (f"{mode} (--use_peft" not in offered) == (mode in left_out), offered
+        with pytest.raises(RecipeError) if mode in left_out else nullcontext():  # as the user would run it
+            resolved([*extra, *flags])
 
 
 VLLM_MODES = {"transformers": [], "colocate": ["--use_vllm", "--vllm_mode", "colocate"],
